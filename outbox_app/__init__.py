@@ -1,0 +1,83 @@
+"""outbox_app: the transactional outbox for Django.
+
+Publish events in the same database transaction as your ORM writes; a relay
+delivers them afterwards, at least once, to brokers and in-process handlers.
+
+The public API is importable from here. Names that need the app registry
+(``publish``, the models) are loaded on first access, so importing
+``outbox_app`` in a settings file or an ``events.py`` is always safe.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .events import Event, upcaster
+from .exceptions import (
+    DeliveryError,
+    DuplicateAggregateVersion,
+    DuplicateEventType,
+    DuplicateOutboxEvent,
+    EventDecodeError,
+    HandlerTimeout,
+    InvalidEvent,
+    InvalidEventType,
+    InvalidPayload,
+    LeaseLost,
+    OutboxError,
+    OutboxRequiresActiveTransaction,
+    PayloadTooLarge,
+    RelayAlreadyRunning,
+    UnknownSubscriber,
+)
+
+if TYPE_CHECKING:
+    from .models import Notification, OutboxEvent
+    from .publishing import events_committed, outbox_action, publish
+    from .registry import DeliveryContext, handler
+
+__all__ = [
+    "DeliveryContext",
+    "DeliveryError",
+    "DuplicateAggregateVersion",
+    "DuplicateEventType",
+    "DuplicateOutboxEvent",
+    "Event",
+    "EventDecodeError",
+    "HandlerTimeout",
+    "InvalidEvent",
+    "InvalidEventType",
+    "InvalidPayload",
+    "LeaseLost",
+    "Notification",
+    "OutboxError",
+    "OutboxEvent",
+    "OutboxRequiresActiveTransaction",
+    "PayloadTooLarge",
+    "RelayAlreadyRunning",
+    "UnknownSubscriber",
+    "events_committed",
+    "handler",
+    "outbox_action",
+    "publish",
+    "upcaster",
+]
+
+_LAZY = {
+    "publish": "publishing",
+    "outbox_action": "publishing",
+    "events_committed": "publishing",
+    "OutboxEvent": "models",
+    "Notification": "models",
+    "handler": "registry",
+    "DeliveryContext": "registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outbox_app' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{module}", __name__), name)

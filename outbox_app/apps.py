@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class OutboxConfig(AppConfig):
+    name = "outbox_app"
+    verbose_name = _("Outbox")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        # Handlers live in each app's handlers.py, as admin classes live in admin.py.
+        autodiscover_modules("handlers")

@@ -1,0 +1,336 @@
+"""Events: the ``Event`` base class, the type registry, payload encoding and
+revisions.
+
+An event is a frozen dataclass subclassing :class:`Event`::
+
+    @dataclass(frozen=True)
+    class OrderPlaced(Event):
+        order_id: int
+        total: Decimal
+
+Its ``event_type`` is the class's simple name (``"OrderPlaced"``), not its dotted
+path, so moving the module does not change the stored contract (Ekbatan, seed
+000). ``revision`` is the payload schema version (tiny-blocks/outbox, seed 002);
+an old revision is brought up to date by the functions registered with
+:func:`upcaster` before a handler sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import json
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.dateparse import (
+    parse_date,
+    parse_datetime,
+    parse_duration,
+    parse_time,
+)
+
+from .exceptions import (
+    DuplicateEventType,
+    EventDecodeError,
+    InvalidEventType,
+    InvalidPayload,
+    PayloadTooLarge,
+)
+
+MAX_EVENT_TYPE_LENGTH = 255
+
+_registry: dict[str, type[Event]] = {}
+_upcasters: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+class Event:
+    """Base class for integration events (use it with ``@dataclass(frozen=True)``).
+
+    Class attributes:
+        event_type (str): the stored type name; defaults to the class's simple
+            name. Override it to keep a contract stable across a rename.
+        revision (int): payload schema version, default 1. Bump it when the
+            payload changes incompatibly and register an :func:`upcaster`.
+
+    Raises:
+        DuplicateEventType: at class creation, when another class already owns the
+            same ``event_type`` in this process.
+        InvalidEventType: at class creation, for an empty or over-long type name.
+    """
+
+    event_type: ClassVar[str]
+    revision: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "event_type" not in cls.__dict__:
+            cls.event_type = cls.__name__
+        validate_event_type(cls.event_type)
+        existing = _registry.get(cls.event_type)
+        if existing is not None and _path(existing) != _path(cls):
+            raise DuplicateEventType(
+                f"Event type {cls.event_type!r} is defined by both {_path(existing)} "
+                f"and {_path(cls)}. Rename one class or set event_type on it."
+            )
+        _registry[cls.event_type] = cls
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def validate_event_type(event_type: object) -> str:
+    """Return ``event_type`` if it is a usable type name.
+
+    Raises:
+        InvalidEventType: not a string, empty, or longer than 255 characters.
+    """
+    if not isinstance(event_type, str) or not event_type.strip():
+        raise InvalidEventType(
+            f"event_type must be a non-empty string, got {event_type!r}"
+        )
+    if len(event_type) > MAX_EVENT_TYPE_LENGTH:
+        raise InvalidEventType(
+            f"event_type is {len(event_type)} characters long; the limit is "
+            f"{MAX_EVENT_TYPE_LENGTH}: {event_type[:40]!r}..."
+        )
+    return event_type
+
+
+def event_class(event_type: str) -> type[Event] | None:
+    """The :class:`Event` subclass registered for ``event_type``, or ``None``."""
+    return _registry.get(event_type)
+
+
+def registered_event_types() -> frozenset[str]:
+    """Every event type defined by an :class:`Event` subclass in this process."""
+    return frozenset(_registry)
+
+
+def upcaster(
+    event: type[Event] | str, from_revision: int
+) -> Callable[[Callable[[dict], dict]], Callable[[dict], dict]]:
+    """Register ``fn(payload) -> payload`` turning revision ``from_revision`` of
+    ``event`` into revision ``from_revision + 1``.
+
+    Upcasters chain: a revision-1 row of a revision-3 class goes through the 1->2
+    and 2->3 functions before the class is built (seed 002's read-side upcasting).
+    """
+    event_type = event if isinstance(event, str) else event.event_type
+
+    def register(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
+        _upcasters[(event_type, from_revision)] = fn
+        return fn
+
+    return register
+
+
+# --- encoding ----------------------------------------------------------------------
+
+
+class OutboxJSONEncoder(DjangoJSONEncoder):
+    """``DjangoJSONEncoder`` without its millisecond rounding: datetimes and times
+    keep their microseconds, so a decoded event equals the published one."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, datetime.datetime | datetime.time):
+            if isinstance(o, datetime.time) and o.utcoffset() is not None:
+                raise ValueError("JSON can't represent timezone-aware times.")
+            text = o.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        return super().default(o)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedEvent:
+    """An event ready for the outbox row: type, revision and a JSON-safe payload."""
+
+    event_type: str
+    revision: int
+    payload: dict[str, Any]
+    id: uuid.UUID | None = None
+
+
+def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
+    """Validate and encode one event for storage.
+
+    Args:
+        event: an :class:`Event` dataclass instance, or a mapping
+            ``{"event_type": str, "payload": dict, "revision": int, "id": UUID}``
+            (``revision`` and ``id`` optional; a caller-chosen ``id`` makes a
+            retried publish idempotent: the second one raises
+            ``DuplicateOutboxEvent``).
+        max_bytes: largest encoded payload accepted, in bytes (UTF-8 JSON).
+
+    Returns:
+        EncodedEvent whose payload holds only JSON types (Decimal, datetime, date,
+        time, timedelta and UUID become strings, as ``DjangoJSONEncoder`` writes
+        them, but with full microsecond precision).
+
+    Raises:
+        InvalidEventType: bad type name.
+        InvalidPayload: not a dataclass or mapping, or a field that JSON cannot
+            encode (``.field`` names it).
+        PayloadTooLarge: the encoded payload exceeds ``max_bytes``.
+    """
+    event_id = None
+    if isinstance(event, Event) and dataclasses.is_dataclass(event):
+        event_type, revision = type(event).event_type, type(event).revision
+        payload = dataclasses.asdict(event)
+    elif isinstance(event, Mapping):
+        event_type = event.get("event_type")
+        revision = event.get("revision", 1)
+        payload = event.get("payload", {})
+        event_id = event.get("id")
+        if event_id is not None and not isinstance(event_id, uuid.UUID):
+            try:
+                event_id = uuid.UUID(str(event_id))
+            except ValueError:
+                raise InvalidPayload(f"id must be a UUID, got {event_id!r}") from None
+        if not isinstance(payload, Mapping):
+            raise InvalidPayload(
+                f"payload of {event_type!r} must be a mapping, got "
+                f"{type(payload).__name__}"
+            )
+    else:
+        raise InvalidPayload(
+            f"expected an Event dataclass instance or a mapping with 'event_type', "
+            f"got {type(event).__name__}"
+        )
+    validate_event_type(event_type)
+    if not isinstance(revision, int) or revision < 1:
+        raise InvalidPayload(f"revision must be a positive integer, got {revision!r}")
+    return EncodedEvent(
+        event_type, revision, to_json(payload, event_type, max_bytes), event_id
+    )
+
+
+def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, Any]:
+    """``data`` as plain JSON types, the way ``DjangoJSONEncoder`` writes it.
+
+    Args:
+        data: the mapping to encode.
+        label: what it is, for error messages (an event type, "headers").
+        max_bytes: largest encoded size accepted, in bytes (UTF-8 JSON).
+
+    Raises:
+        InvalidPayload: a value JSON cannot encode; ``.field`` names its key.
+        PayloadTooLarge: the encoding is larger than ``max_bytes``.
+    """
+    try:
+        text = json.dumps(data, cls=OutboxJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        field = _offending_field(data)
+        raise InvalidPayload(
+            f"{label}.{field} is not JSON-serialisable: {exc}", field=field
+        ) from exc
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"{label} payload is {size} bytes; OUTBOX_MAX_PAYLOAD_BYTES is {max_bytes}"
+        )
+    return json.loads(text)
+
+
+def _offending_field(payload: Mapping[str, Any]) -> str | None:
+    for key, value in payload.items():
+        try:
+            json.dumps(value, cls=OutboxJSONEncoder, allow_nan=False)
+        except (TypeError, ValueError):
+            return str(key)
+    return None
+
+
+# --- decoding ----------------------------------------------------------------------
+
+
+def decode(event_type: str, revision: int, payload: dict[str, Any]) -> Any:
+    """Rebuild the event a handler receives from a stored row.
+
+    Args:
+        event_type: the stored type name.
+        revision: the stored payload revision.
+        payload: the stored JSON payload.
+
+    Returns:
+        An instance of the registered :class:`Event` class, equal to the one
+        published; field values are converted back from their JSON form by the
+        field's type hint (Decimal, datetime, date, time, timedelta, UUID, nested
+        dataclasses, lists and optionals of those).
+
+    Raises:
+        EventDecodeError: no class for the type, a revision with no upcaster, a
+            revision newer than the class, or a payload that does not fit the class.
+    """
+    cls = _registry.get(event_type)
+    if cls is None:
+        raise EventDecodeError(f"no Event class defines event type {event_type!r}")
+    if revision > cls.revision:
+        raise EventDecodeError(
+            f"{event_type} row has revision {revision}, newer than the class's "
+            f"revision {cls.revision}: deploy the newer code"
+        )
+    data = dict(payload)
+    for rev in range(revision, cls.revision):
+        step = _upcasters.get((event_type, rev))
+        if step is None:
+            raise EventDecodeError(
+                f"{event_type} revision {rev} has no upcaster to revision {rev + 1}"
+            )
+        data = step(data)
+    try:
+        return _build(cls, data)
+    except (TypeError, ValueError, decimal.InvalidOperation) as exc:
+        raise EventDecodeError(
+            f"stored {event_type} payload does not fit {_path(cls)}: {exc}"
+        ) from exc
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"expected an object for {cls.__name__}, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - fields
+    if unknown:
+        raise TypeError(f"unexpected field(s) {', '.join(sorted(unknown))}")
+    return cls(**{k: _convert(hints.get(k, Any), v) for k, v in data.items()})
+
+
+_PARSERS: dict[type, Callable[[Any], Any]] = {
+    decimal.Decimal: lambda v: decimal.Decimal(str(v)),
+    uuid.UUID: lambda v: uuid.UUID(str(v)),
+    datetime.datetime: parse_datetime,
+    datetime.date: parse_date,
+    datetime.time: parse_time,
+    datetime.timedelta: parse_duration,
+}
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(options[0], value) if len(options) == 1 else value
+    if origin in (list, tuple, set, frozenset):
+        args = typing.get_args(hint)
+        item = args[0] if args else Any
+        return origin(_convert(item, v) for v in value)
+    if isinstance(hint, type):
+        if dataclasses.is_dataclass(hint):
+            return _build(hint, value)
+        parser = _PARSERS.get(hint)
+        if parser is not None and isinstance(value, str | int | float):
+            parsed = parser(value)
+            if parsed is None:
+                raise ValueError(f"{value!r} is not a valid {hint.__name__}")
+            return parsed
+    return value

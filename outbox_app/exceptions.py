@@ -1,0 +1,115 @@
+"""Every exception outbox_app raises.
+
+All of them derive from :class:`OutboxError`, so ``except OutboxError`` catches
+anything the app refuses. Configuration mistakes also derive from Django's
+``ImproperlyConfigured`` and bad input from ``ValueError``, so generic handlers
+keep working.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class OutboxError(Exception):
+    """Base class of every exception raised by outbox_app."""
+
+
+# --- publishing -----------------------------------------------------------------
+
+
+class OutboxRequiresActiveTransaction(OutboxError):
+    """``publish()`` (or ``outbox_action``'s sentinel row) ran outside
+    ``transaction.atomic`` on the database alias it writes to.
+
+    The outbox guarantee is that the event commits with the state change; outside
+    a transaction there is nothing to commit with, so nothing is written
+    (tiny-blocks/outbox, seed 002).
+    """
+
+
+class DuplicateOutboxEvent(OutboxError):
+    """An outbox event with the same id already exists (primary key clash)."""
+
+
+class DuplicateAggregateVersion(OutboxError):
+    """Two outbox events share ``(aggregate_type, aggregate_id, aggregate_version)``.
+
+    Usually two writers raced on one aggregate without a lock: the loser should
+    retry its whole transaction (seed 002).
+    """
+
+
+class InvalidEvent(OutboxError, ValueError):
+    """An event was refused before anything was written."""
+
+
+class InvalidEventType(InvalidEvent):
+    """An event type is empty, longer than 255 characters, or not a string."""
+
+
+class InvalidPayload(InvalidEvent):
+    """A payload is not JSON-serialisable; ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class PayloadTooLarge(InvalidPayload):
+    """An encoded payload is larger than ``OUTBOX_MAX_PAYLOAD_BYTES``."""
+
+
+class DuplicateEventType(OutboxError, ImproperlyConfigured):
+    """Two different event classes claim the same ``event_type`` in one process.
+
+    Raised when the second class is created; the message names both classes
+    (Ekbatan, seed 000).
+    """
+
+
+# --- reading events back ----------------------------------------------------------
+
+
+class EventDecodeError(OutboxError):
+    """A stored payload cannot be turned back into its event.
+
+    The type is unknown, a revision has no upcaster, or the payload no longer
+    fits the class (a renamed or missing field). The relay records it as the
+    notification's failure; other notifications are not affected.
+    """
+
+
+# --- delivering -------------------------------------------------------------------
+
+
+class LeaseLost(OutboxError):
+    """A worker's lease on a notification expired and another worker claimed it.
+
+    The worker's outcome is discarded (and, for a handler, its database writes
+    are rolled back); the new lease holder owns the row.
+    """
+
+
+class HandlerTimeout(OutboxError):
+    """A handler ran longer than its ``timeout`` (seconds) and was interrupted."""
+
+
+class DeliveryError(OutboxError):
+    """A publisher could not deliver an event: the broker refused it, did not
+    confirm it in time, returned it as unroutable, or the connection dropped.
+
+    The message is the reason recorded on the notification.
+    """
+
+
+class RelayAlreadyRunning(OutboxError):
+    """A second relay started against a SQLite database that already has one.
+
+    SQLite has no ``SELECT ... FOR UPDATE SKIP LOCKED``; one relay process per
+    database file is the supported shape.
+    """
+
+
+class UnknownSubscriber(OutboxError, LookupError):
+    """A subscriber name matches no registered handler or configured publisher."""

@@ -1,0 +1,168 @@
+"""The outbox table and the notifications table.
+
+``OutboxEvent`` is one published event with its envelope (Ekbatan's
+``eventlog.events``, seed 000). ``Notification`` is one delivery of one event to
+one subscriber, and carries the delivery state machine::
+
+    PENDING --claim--> RUNNING --> SUCCEEDED
+                          |------> FAILED (due again at next_retry_at) --claim--> ...
+                          '------> EXPIRED (the dead letter) --requeue--> PENDING
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .db import FilteredIndex
+from .events import OutboxJSONEncoder
+from .querysets import NotificationQuerySet, OutboxEventQuerySet
+from .states import CLAIMABLE, UNFINISHED, State
+
+try:  # Python 3.14+
+    from uuid import uuid7 as _uuid7  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the Python version
+    from uuid6 import uuid7 as _uuid7
+
+
+def new_event_id() -> uuid.UUID:
+    """A UUIDv7: time-ordered, so the primary key index stays append-mostly and
+    ids sort in publish order within a process."""
+    return _uuid7()
+
+
+class OutboxEvent(models.Model):
+    """One event in the outbox, written in the publisher's transaction.
+
+    A row whose ``event_type`` is NULL is an action's sentinel: the action ran and
+    published nothing. Sentinels are never fanned out nor published.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_event_id, editable=False)
+    namespace = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=255, null=True, blank=True)
+    revision = models.PositiveIntegerField(default=1)
+    aggregate_type = models.CharField(max_length=150, null=True, blank=True)
+    aggregate_id = models.CharField(max_length=255, null=True, blank=True)
+    aggregate_version = models.BigIntegerField(null=True, blank=True)
+    payload = models.JSONField(null=True, blank=True, encoder=OutboxJSONEncoder)
+    headers = models.JSONField(default=dict, blank=True, encoder=OutboxJSONEncoder)
+    tenant_id = models.CharField(max_length=255, null=True, blank=True)
+    action_id = models.UUIDField(null=True, blank=True)
+    action_name = models.CharField(max_length=255, null=True, blank=True)
+    action_params = models.JSONField(null=True, blank=True, encoder=OutboxJSONEncoder)
+    occurred_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered = models.BooleanField(
+        help_text=_("Fanned out: its notifications exist. Written False on insert.")
+    )
+
+    objects = OutboxEventQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox event")
+        verbose_name_plural = _("outbox events")
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["aggregate_type", "aggregate_id", "aggregate_version"],
+                name="outbox_event_aggregate_version_uniq",
+            ),
+        ]
+        indexes = [
+            # Fan-out scans undelivered events of subscribed types, oldest first.
+            FilteredIndex(
+                fields=["event_type", "id"],
+                name="outbox_event_undelivered",
+                when=Q(delivered=False),
+                fallback_prefix=["delivered"],
+            ),
+            models.Index(fields=["action_id"], name="outbox_event_action"),
+            models.Index(fields=["tenant_id", "id"], name="outbox_event_tenant"),
+            models.Index(fields=["created_at"], name="outbox_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type or '(sentinel)'} {self.id}"
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.event_type is None
+
+
+class Notification(models.Model):
+    """One delivery of one outbox event to one subscriber.
+
+    ``next_retry_at`` is when the row is next claimable: now for a new row, the
+    backoff time for a FAILED one, and the lease expiry (``locked_until``) for a
+    RUNNING one, so one index serves every claim. The event's type and aggregate
+    are copied here at fan-out so claims and per-aggregate ordering read this
+    table alone; the payload is read through the ``event`` join.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(
+        OutboxEvent,
+        on_delete=models.CASCADE,
+        related_name="notifications",
+        db_index=False,  # the (event, subscriber) unique constraint leads with it
+    )
+    subscriber = models.CharField(max_length=150)
+    event_type = models.CharField(max_length=255)
+    aggregate_type = models.CharField(max_length=150, null=True, blank=True)
+    aggregate_id = models.CharField(max_length=255, null=True, blank=True)
+    aggregate_version = models.BigIntegerField(null=True, blank=True)
+    tenant_id = models.CharField(max_length=255, null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField()
+    locked_until = models.DateTimeField(null=True, blank=True)
+    locked_by = models.CharField(max_length=255, blank=True, default="")
+    lease_token = models.UUIDField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_error_type = models.CharField(max_length=255, blank=True, default="")
+    last_traceback = models.TextField(blank=True, default="")
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("notification")
+        verbose_name_plural = _("notifications")
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event", "subscriber"], name="outbox_notification_uniq"
+            ),
+        ]
+        indexes = [
+            # Claims: due rows of some subscribers.
+            FilteredIndex(
+                fields=["subscriber", "next_retry_at"],
+                name="outbox_notification_due",
+                when=Q(state__in=CLAIMABLE),
+                fallback_prefix=["state"],
+            ),
+            # Ordered subscribers: unfinished rows of one aggregate.
+            FilteredIndex(
+                fields=["subscriber", "aggregate_type", "aggregate_id", "event"],
+                name="outbox_notification_order",
+                when=Q(state__in=UNFINISHED),
+                fallback_prefix=[],
+            ),
+            models.Index(fields=["state", "subscriber"], name="outbox_notif_state"),
+            models.Index(fields=["completed_at"], name="outbox_notif_completed"),
+        ]
+        permissions = [
+            ("requeue_notification", _("Can requeue, retry and expire notifications")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> {self.subscriber} [{self.state}]"

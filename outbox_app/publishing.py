@@ -1,0 +1,262 @@
+"""``publish()``: append events to the outbox in the caller's transaction.
+
+The rows commit with the caller's ORM writes or not at all. Nothing is sent from
+here: after the commit, and only then, one wake-up per transaction is signalled
+(``transaction.on_commit(..., robust=True)``) so a relay can start at once; the
+relay's own polling is what guarantees delivery.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import django.dispatch
+from django.db import IntegrityError, models, router, transaction
+from django.utils import timezone
+
+from .conf import outbox_settings
+from .events import Event, encode, to_json, validate_event_type
+from .exceptions import (
+    DuplicateAggregateVersion,
+    DuplicateOutboxEvent,
+    InvalidEvent,
+    OutboxRequiresActiveTransaction,
+)
+from .models import OutboxEvent, new_event_id
+
+#: Sent once per committed transaction that published events, after the commit.
+#: Arguments: ``sender=OutboxEvent``, ``using`` (database alias). The relay and
+#: the PostgreSQL/Celery wake-ups listen to it.
+events_committed = django.dispatch.Signal()
+
+Aggregate = models.Model | tuple[str, Any] | None
+
+
+@dataclass
+class _Action:
+    id: uuid.UUID
+    name: str
+    params: dict[str, Any]
+    published: set[str] = field(default_factory=set)  # aliases written to
+
+
+_current_action: contextvars.ContextVar[_Action | None] = contextvars.ContextVar(
+    "outbox_action", default=None
+)
+
+
+def publish(
+    *events: Event | Mapping[str, Any],
+    aggregate: Aggregate = None,
+    aggregate_version: int | None = None,
+    headers: Mapping[str, Any] | None = None,
+    tenant_id: str | None = None,
+    using: str | None = None,
+) -> list[OutboxEvent]:
+    """Append ``events`` to the outbox inside the current transaction.
+
+    Args:
+        *events: :class:`~outbox_app.Event` dataclass instances, or mappings
+            ``{"event_type": str, "payload": dict, "revision": int}``.
+        aggregate: the model instance the events are about (its label and pk
+            become ``aggregate_type``/``aggregate_id``, its database the default
+            for ``using``), or an ``(aggregate_type, aggregate_id)`` pair.
+        aggregate_version: version of the aggregate for the first event; the
+            following events of this call get the next versions. Unique per
+            aggregate.
+        headers: JSON-serialisable envelope data (correlation id, causation id,
+            actor, ...), stored with every event of the call.
+        tenant_id: the tenant the events belong to (seed 003).
+        using: database alias; defaults to the aggregate's, else the router's.
+
+    Returns:
+        The created :class:`OutboxEvent` rows, in argument order, written with ONE
+        INSERT statement.
+
+    Raises:
+        OutboxRequiresActiveTransaction: not inside ``transaction.atomic`` on the
+            alias. Nothing is written.
+        InvalidEventType, InvalidPayload, PayloadTooLarge: bad input, checked
+            before the INSERT. Nothing is written.
+        DuplicateAggregateVersion: the aggregate already has one of these versions.
+        DuplicateOutboxEvent: an event id already exists.
+        django.db.DatabaseError: any other database error, unchanged. As with any
+            ORM write, a database error leaves the transaction to roll back;
+            wrap ``publish()`` in its own ``atomic()`` to catch one and go on.
+    """
+    alias = _alias(aggregate, using)
+    _require_transaction(alias)
+    rows = _rows(events, aggregate, aggregate_version, headers, tenant_id)
+    if not rows:
+        return []
+    action = _current_action.get()
+    if action is not None:
+        for row in rows:
+            row.action_id, row.action_name = action.id, action.name
+            row.action_params = action.params
+        action.published.add(alias)
+    _insert(rows, alias)
+    _wake_on_commit(alias)
+    return rows
+
+
+@contextmanager
+def outbox_action(
+    name: str, params: Mapping[str, Any] | None = None, *, using: str | None = None
+) -> Iterator[uuid.UUID]:
+    """Stamp every event published inside the block with one action id.
+
+    An action groups everything one unit of work published (Ekbatan's action
+    context, seed 000). An action that publishes nothing still leaves one
+    sentinel row (NULL ``event_type`` and ``payload``) so its run is recorded;
+    the relay never delivers sentinels. Use it inside ``transaction.atomic``::
+
+        with transaction.atomic(), outbox_action("WalletDeposit", {"amount": 10}):
+            ...
+
+    Yields:
+        The action id (UUIDv7).
+
+    Raises:
+        OutboxRequiresActiveTransaction: at the end of a block that published
+            nothing, outside ``transaction.atomic`` on ``using``.
+        InvalidPayload: ``params`` is not JSON-serialisable.
+    """
+    validate_event_type(name)
+    params_json = to_json(dict(params or {}), name, outbox_settings.MAX_PAYLOAD_BYTES)
+    action = _Action(id=new_event_id(), name=name, params=params_json)
+    token = _current_action.set(action)
+    try:
+        yield action.id
+    finally:
+        _current_action.reset(token)
+    # Only reached when the block did not raise.
+    if not action.published:
+        alias = using or router.db_for_write(OutboxEvent)
+        _require_transaction(alias)
+        now = timezone.now()
+        sentinel = OutboxEvent(
+            namespace=outbox_settings.NAMESPACE,
+            action_id=action.id,
+            action_name=action.name,
+            action_params=action.params,
+            occurred_at=now,
+            created_at=now,
+            delivered=False,
+        )
+        _insert([sentinel], alias)
+
+
+def _alias(aggregate: Aggregate, using: str | None) -> str:
+    if using:
+        return using
+    if isinstance(aggregate, models.Model) and aggregate._state.db:
+        return aggregate._state.db
+    return router.db_for_write(OutboxEvent)
+
+
+def _require_transaction(alias: str) -> None:
+    if not transaction.get_connection(alias).in_atomic_block:
+        raise OutboxRequiresActiveTransaction(
+            f"publish() must run inside transaction.atomic(using={alias!r}) so the "
+            "events commit with your changes; nothing was written."
+        )
+
+
+def _aggregate_key(aggregate: Aggregate) -> tuple[str | None, str | None]:
+    if aggregate is None:
+        return None, None
+    if isinstance(aggregate, models.Model):
+        if aggregate.pk is None:
+            raise InvalidEvent(
+                f"aggregate {aggregate!r} has no primary key yet: save it first"
+            )
+        return aggregate._meta.label, str(aggregate.pk)
+    if isinstance(aggregate, tuple) and len(aggregate) == 2:
+        return str(aggregate[0]), str(aggregate[1])
+    raise InvalidEvent(
+        "aggregate must be a model instance or an (aggregate_type, aggregate_id) "
+        f"pair, got {aggregate!r}"
+    )
+
+
+def _rows(events, aggregate, aggregate_version, headers, tenant_id) -> list:
+    aggregate_type, aggregate_id = _aggregate_key(aggregate)
+    max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
+    envelope = to_json(dict(headers or {}), "headers", max_bytes)
+    namespace = outbox_settings.NAMESPACE
+    now = timezone.now()
+    rows = []
+    for position, event in enumerate(events):
+        encoded = encode(event, max_bytes)
+        rows.append(
+            OutboxEvent(
+                id=encoded.id or new_event_id(),
+                namespace=namespace,
+                event_type=encoded.event_type,
+                revision=encoded.revision,
+                aggregate_type=aggregate_type,
+                aggregate_id=aggregate_id,
+                aggregate_version=(
+                    None if aggregate_version is None else aggregate_version + position
+                ),
+                payload=encoded.payload,
+                headers=envelope,
+                tenant_id=tenant_id,
+                occurred_at=now,
+                created_at=now,
+                delivered=False,
+            )
+        )
+    return rows
+
+
+def _insert(rows: list[OutboxEvent], alias: str) -> None:
+    try:
+        OutboxEvent.objects.using(alias).bulk_create(rows)
+    except IntegrityError as exc:
+        text = str(exc).lower()
+        if "aggregate_version" in text:
+            raise DuplicateAggregateVersion(
+                f"aggregate {rows[0].aggregate_type}:{rows[0].aggregate_id} already "
+                f"has an event with one of the versions {rows[0].aggregate_version}"
+                f"..{rows[-1].aggregate_version}: {exc}"
+            ) from exc
+        if "pkey" in text or "primary" in text or "outboxevent.id" in text:
+            raise DuplicateOutboxEvent(
+                f"an outbox event id already exists: {exc}"
+            ) from exc
+        raise
+
+
+_wakers: dict[str, Any] = {}
+
+
+def _wake_on_commit(alias: str) -> None:
+    """Register the wake-up once per transaction, however many publishes it has.
+
+    A rolled-back savepoint takes its callbacks with it (Django's documented
+    ``on_commit`` behaviour), so a later publish in the same transaction
+    registers a new one.
+    """
+    waker = _wakers.get(alias)
+    if waker is None:
+        waker = _wakers.setdefault(alias, _Waker(alias))
+    connection = transaction.get_connection(alias)
+    if any(func is waker for _, func, _ in connection.run_on_commit):
+        return
+    transaction.on_commit(waker, using=alias, robust=True)
+
+
+class _Waker:
+    def __init__(self, alias: str):
+        self.alias = alias
+        self.__qualname__ = f"outbox wake-up ({alias})"
+
+    def __call__(self) -> None:
+        events_committed.send(sender=OutboxEvent, using=self.alias)

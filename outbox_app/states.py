@@ -1,0 +1,30 @@
+"""The notification state machine's states and the groups the queries use.
+
+::
+
+    PENDING --claim--> RUNNING --> SUCCEEDED
+                          |------> FAILED (due again at next_retry_at) --claim--> ...
+                          '------> EXPIRED (the dead letter) --requeue--> PENDING
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class State(models.TextChoices):
+    PENDING = "PENDING", _("pending")
+    RUNNING = "RUNNING", _("running")
+    SUCCEEDED = "SUCCEEDED", _("succeeded")
+    FAILED = "FAILED", _("failed")
+    EXPIRED = "EXPIRED", _("expired")
+
+
+#: A claim takes these once due: waiting, failed and due, or leased with the lease
+#: run out (a RUNNING row's ``next_retry_at`` is its lease expiry).
+CLAIMABLE = (State.PENDING, State.FAILED, State.RUNNING)
+#: These hold back later rows of the same aggregate for an ordered subscriber.
+UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED)
+#: An operator may requeue these.
+REQUEUEABLE = (State.FAILED, State.EXPIRED)

@@ -1,0 +1,43 @@
+"""Shared fixtures.
+
+Services (brokers) a test needs are checked by ``require_service``: on a bare
+machine the test is skipped with the reason; with ``OUTBOX_REQUIRE_SERVICES=1``
+(as ``.ci/run`` sets) a missing service fails the test instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.db import connection
+
+from outbox_app.publishing import events_committed
+
+
+def require_service(name: str, reachable: bool, detail: str = "") -> None:
+    """Skip (bare machine) or fail (CI) a test whose service is not reachable."""
+    if reachable:
+        return
+    message = f"{name} is not reachable{': ' + detail if detail else ''}"
+    if os.environ.get("OUTBOX_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{message} (OUTBOX_REQUIRE_SERVICES=1)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def wakeups():
+    """The database aliases of every outbox wake-up signalled during the test."""
+    seen: list[str] = []
+
+    def receiver(sender, using, **kwargs):
+        seen.append(using)
+
+    events_committed.connect(receiver, weak=False)
+    yield seen
+    events_committed.disconnect(receiver)
+
+
+@pytest.fixture
+def vendor() -> str:
+    return connection.vendor

@@ -1,0 +1,90 @@
+"""Settings for the test suite: one module for every database.
+
+``DATABASE_URL`` picks the database (django-environ syntax), SQLite by default::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox pytest
+    DATABASE_URL=mysql://root@127.0.0.1:3306/outbox pytest
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import environ
+
+env = environ.Env()
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+_sqlite_dir = Path(os.environ.get("OUTBOX_TEST_SQLITE_DIR", tempfile.gettempdir()))
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default=f"sqlite:///{_sqlite_dir / 'outbox-tests.sqlite3'}"
+    )
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not :memory:, so relay worker processes share it; WAL and IMMEDIATE
+    # transactions as docs/configuration.md recommends.
+    _db.setdefault("TEST", {})["NAME"] = os.environ.get(
+        "OUTBOX_TEST_SQLITE_NAME",
+        str(_sqlite_dir / f"outbox-test-{os.getpid()}.sqlite3"),
+    )
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+elif _db["ENGINE"] == "django.db.backends.mysql":
+    _db.setdefault("OPTIONS", {})["charset"] = "utf8mb4"
+    _db.setdefault("TEST", {}).update(CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "outbox_app",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+OUTBOX_NAMESPACE = "tests"
+OUTBOX_RETRY_BASE_SECONDS = 1.0
+OUTBOX_RETRY_MAX_SECONDS = 60.0
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"outbox_app": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,54 @@
+"""System checks on OUTBOX_* settings."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import checks
+
+from outbox_app.checks import check_settings
+
+
+def test_defaults_pass(settings):
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("OUTBOX_NAMESPACE", "", "outbox.E001"),
+        ("OUTBOX_NAMESPACE", 5, "outbox.E001"),
+        ("OUTBOX_MAX_PAYLOAD_BYTES", 0, "outbox.E002"),
+        ("OUTBOX_MAX_ATTEMPTS", "3", "outbox.E003"),
+        ("OUTBOX_MAX_ATTEMPTS", True, "outbox.E003"),
+        ("OUTBOX_RETRY_BASE_SECONDS", -1, "outbox.E004"),
+        ("OUTBOX_RETRY_MAX_SECONDS", None, "outbox.E005"),
+        ("OUTBOX_LEASE_SECONDS", 0, "outbox.E006"),
+        ("OUTBOX_BATCH_SIZE", 2.5, "outbox.E007"),
+        ("OUTBOX_POLL_INTERVAL", "1s", "outbox.E008"),
+        ("OUTBOX_RETENTION_DAYS", 0, "outbox.E009"),
+        ("OUTBOX_PUBLISHERS", ["rabbitmq"], "outbox.E010"),
+        ("OUTBOX_CELERY_WAKE", "yes", "outbox.E011"),
+        ("OUTBOX_TRACEBACK_MAX_CHARS", -1, "outbox.E012"),
+        ("OUTBOX_RETRY_BASE_SECONDS", 120, "outbox.E013"),
+    ],
+)
+def test_malformed_setting_is_reported(settings, name, value, check_id):
+    setattr(settings, name, value)
+    messages = check_settings()
+    assert [m.id for m in messages] == [check_id]
+    assert messages[0].level == checks.ERROR
+    assert name in messages[0].msg
+    assert messages[0].hint
+
+
+def test_unknown_outbox_setting_warns(settings):
+    settings.OUTBOX_MAX_ATTEMTPS = 3
+    [message] = check_settings()
+    assert (message.id, message.level) == ("outbox.W001", checks.WARNING)
+    assert "OUTBOX_MAX_ATTEMTPS" in message.msg
+
+
+def test_checks_run_through_manage_py_check(settings):
+    settings.OUTBOX_BATCH_SIZE = 0
+    errors = checks.run_checks(tags=["outbox"])
+    assert "outbox.E007" in [e.id for e in errors]
