@@ -41,3 +41,21 @@ def wakeups():
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
+
+
+@pytest.fixture
+def handlers():
+    """Register handler sets from tests.testapp.scenarios; removed afterwards."""
+    from outbox_app import registry
+    from tests.testapp import scenarios
+
+    registered: list[str] = []
+
+    def add(set_name: str) -> list[str]:
+        names = scenarios.register(set_name)
+        registered.extend(names)
+        return names
+
+    yield add
+    for name in registered:
+        registry.unregister(name)

@@ -80,8 +80,10 @@ STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 OUTBOX_NAMESPACE = "tests"
-OUTBOX_RETRY_BASE_SECONDS = 1.0
-OUTBOX_RETRY_MAX_SECONDS = 60.0
+# Relay worker processes started by the tests tune these through the environment.
+OUTBOX_RETRY_BASE_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_BASE", "1.0"))
+OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0"))
+OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,0 +1,2 @@
+"""Broker destinations. ``base.Publisher`` is the interface; one module per
+backend."""

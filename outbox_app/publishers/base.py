@@ -1,0 +1,101 @@
+"""The publisher interface: a subscriber that sends events to a destination.
+
+A publisher is configured as one ``OUTBOX_PUBLISHERS`` entry::
+
+    OUTBOX_PUBLISHERS = {
+        "rabbitmq": {
+            "BACKEND": "outbox_app.publishers.kombu.KombuPublisher",  # default
+            "EVENT_TYPES": ["*"],        # or a list of event types
+            "ORDERED": False,            # per-aggregate order
+            "MAX_ATTEMPTS": None,        # None: OUTBOX_MAX_ATTEMPTS
+            ...                          # the backend's own options
+        }
+    }
+
+It is a subscriber of the delivery engine like a handler, so it gets
+notifications, retries, backoff, expiry, ordering and requeue for free. A backend
+implements :meth:`Publisher.send_batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from ..registry import WILDCARD, DeliveryContext, Kind, Subscriber
+
+DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
+
+
+class Publisher(Subscriber):
+    """Base class of broker destinations.
+
+    Args:
+        name: the ``OUTBOX_PUBLISHERS`` key; the subscriber name on its rows.
+        options: the entry's options. Common keys: ``EVENT_TYPES`` (list of types
+            or ``["*"]``, default ``["*"]``), ``ORDERED`` (bool), ``MAX_ATTEMPTS``
+            (int or None), ``ALIASES`` (former names).
+
+    Raises:
+        ImproperlyConfigured: malformed common options.
+    """
+
+    kind: ClassVar[Kind] = "publisher"
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        event_types = options.get("EVENT_TYPES", [WILDCARD])
+        if isinstance(event_types, str) or not all(
+            isinstance(t, str) for t in event_types
+        ):
+            raise ImproperlyConfigured(
+                f"OUTBOX_PUBLISHERS[{name!r}]['EVENT_TYPES'] must be a list of event "
+                f"types or ['*'], got {event_types!r}"
+            )
+        super().__init__(
+            name=name,
+            event_types=None if WILDCARD in event_types else frozenset(event_types),
+            ordered=bool(options.get("ORDERED", False)),
+            max_attempts=options.get("MAX_ATTEMPTS"),
+            aliases=tuple(options.get("ALIASES", ())),
+        )
+        self.options = dict(options)
+
+    def send_batch(
+        self, messages: Sequence[DeliveryContext]
+    ) -> list[BaseException | None]:
+        """Deliver ``messages``; report one outcome per message, in order.
+
+        ``None`` means delivered: the destination confirmed it (for RabbitMQ, a
+        publisher confirm). An exception instance means not delivered; its text
+        is recorded on the notification and the message is retried with
+        backoff. A backend may also raise: every message of the batch then fails
+        with that exception.
+        """
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections. The relay calls it on shutdown."""
+
+
+def build_publisher(name: str, options: Mapping[str, Any]) -> Publisher:
+    """Build the publisher for one ``OUTBOX_PUBLISHERS`` entry.
+
+    Raises:
+        ImproperlyConfigured: the ``BACKEND`` cannot be imported, is not a
+            Publisher, or rejects the options.
+    """
+    path = options.get("BACKEND", DEFAULT_BACKEND)
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"OUTBOX_PUBLISHERS[{name!r}]: cannot import BACKEND {path!r}: {exc}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Publisher)):
+        raise ImproperlyConfigured(
+            f"OUTBOX_PUBLISHERS[{name!r}]: {path} is not a Publisher subclass"
+        )
+    return cls(name, options)

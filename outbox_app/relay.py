@@ -1,0 +1,405 @@
+"""The relay's steps as plain functions: fan out, claim, deliver, record.
+
+The ``relay`` management command, the Celery tasks and the tests call these;
+each is bounded by a batch size and a time budget and returns counts.
+
+Delivery of one claimed batch:
+
+* a **handler** runs inside ``transaction.atomic`` together with the
+  compare-and-set that marks its row SUCCEEDED, so its database writes and the
+  mark commit together: a handler that only touches the database takes effect
+  exactly once, and a worker whose lease was lost rolls its writes back;
+* a **publisher** gets the whole batch (``send_batch``); rows it confirms become
+  SUCCEEDED in one UPDATE, the others FAILED with the reason.
+
+No transaction or row lock is open while a broker call runs, and none but the
+handler's own while a handler runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import registry
+from .backoff import retry_delay
+from .conf import outbox_settings
+from .events import decode, event_class
+from .exceptions import HandlerTimeout, LeaseLost
+from .fanout import fan_out
+from .models import Notification
+from .registry import DeliveryContext, Handler, Kind, Subscriber
+
+logger = logging.getLogger("outbox_app.relay")
+
+__all__ = ["RelayReport", "deliver", "fan_out", "relay_once", "worker_name"]
+
+
+@dataclass
+class RelayReport:
+    """Counts of one relay call (rows, not events).
+
+    Attributes:
+        fanned_out: events turned into notifications.
+        claimed: notifications leased.
+        succeeded, failed, expired: outcomes written (FAILED will be retried).
+        lost: outcomes discarded because the lease had passed to another worker.
+    """
+
+    fanned_out: int = 0
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    expired: int = 0
+    lost: int = 0
+
+    def __iadd__(self, other: RelayReport) -> RelayReport:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def worker_name() -> str:
+    """``host:pid``, stored as ``locked_by`` on leased rows."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def relay_once(
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+) -> RelayReport:
+    """Fan out, then deliver what is due, once.
+
+    Args:
+        kind: ``"handler"`` or ``"publisher"`` to deliver to one kind only;
+            ``None`` for both.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: time budget in seconds for the whole call; ``None``: until
+            nothing is due.
+        now: the clock for claims and backoff (tests); default the real time.
+
+    Returns:
+        RelayReport with the counts.
+    """
+    started = time.monotonic()
+    report = RelayReport(
+        fanned_out=fan_out(using=using, batch_size=batch_size, max_seconds=max_seconds)
+    )
+    remaining = (
+        None if max_seconds is None else max_seconds - (time.monotonic() - started)
+    )
+    report += deliver(
+        kind=kind, using=using, batch_size=batch_size, max_seconds=remaining, now=now
+    )
+    return report
+
+
+def deliver(
+    subscribers: Iterable[Subscriber] | None = None,
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+    worker: str | None = None,
+    rng: random.Random | None = None,
+) -> RelayReport:
+    """Claim and deliver due notifications, batch by batch, until none is due or
+    the time budget is spent.
+
+    Args:
+        subscribers: whom to deliver for; default every subscriber of ``kind``.
+        kind: ``"handler"``, ``"publisher"`` or ``None`` (both), when
+            ``subscribers`` is not given.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: stop claiming new batches after this many seconds; ``None``
+            runs until nothing is due. A batch already claimed is finished.
+        now: the clock for claims and backoff (tests); default the real time,
+            read per batch.
+        worker: lease holder name; default :func:`worker_name`.
+        rng: randomness for backoff jitter (tests).
+
+    Returns:
+        RelayReport with the counts (``fanned_out`` is 0).
+
+    Raises:
+        django.db.DatabaseError: the database failed outside a delivery (during
+            a claim); outcomes already written stay written.
+    """
+    chosen = list(registry.subscribers(kind) if subscribers is None else subscribers)
+    batch_size = batch_size or outbox_settings.BATCH_SIZE
+    worker = worker or worker_name()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    report = RelayReport()
+    active = chosen
+    while active:
+        still_busy = []
+        for subscriber in active:
+            batch = _deliver_batch(
+                subscriber, using, batch_size, now or timezone.now(), worker, rng
+            )
+            report += batch
+            if batch.claimed == batch_size:
+                still_busy.append(subscriber)
+            if deadline is not None and time.monotonic() >= deadline:
+                return report
+        active = still_busy
+    return report
+
+
+def _deliver_batch(
+    subscriber: Subscriber,
+    using: str,
+    batch_size: int,
+    now: datetime,
+    worker: str,
+    rng: random.Random | None,
+) -> RelayReport:
+    rows = Notification.objects.using(using).for_subscribers(subscriber.stored_names)
+    token, ids = rows.claim(
+        limit=batch_size,
+        lease_seconds=outbox_settings.LEASE_SECONDS,
+        worker=worker,
+        ordered=subscriber.ordered,
+        now=now,
+    )
+    if not ids:
+        return RelayReport()
+    claimed = list(
+        Notification.objects.using(using)
+        .filter(id__in=ids)
+        .select_related("event")
+        .order_by("id")
+    )
+    outcome = _Outcome(subscriber, token, using, now, rng)
+    if isinstance(subscriber, Handler):
+        for row in claimed:
+            outcome.run_handler(subscriber, row)
+    else:
+        outcome.run_publisher(claimed)
+    outcome.report.claimed = len(ids)
+    return outcome.report
+
+
+class _Outcome:
+    """Writes the outcomes of one claimed batch (all compare-and-set on the
+    batch's lease token)."""
+
+    def __init__(self, subscriber, token, using, now, rng):
+        self.subscriber = subscriber
+        self.token = token
+        self.using = using
+        self.now = now
+        self.rng = rng
+        self.report = RelayReport()
+
+    def _row(self, row: Notification):
+        return Notification.objects.using(self.using).filter(id=row.id)
+
+    def run_handler(self, handler: Handler, row: Notification) -> None:
+        if row.attempts > handler.attempts_allowed:
+            # The lease ran out on the last allowed attempt: the worker died or
+            # hung. Do not run it again.
+            self.failed(
+                row,
+                LeaseLost(
+                    f"attempt {row.attempts - 1} of {handler.attempts_allowed} never "
+                    "finished: its worker died or hung past the lease"
+                ),
+                expire=True,
+            )
+            return
+        try:
+            event = _event_for(row)
+            with transaction.atomic(using=self.using):
+                with _time_limit(handler.timeout):
+                    handler.fn(event, context_for(row))
+                if not self._row(row).succeed(self.token, timezone.now()):
+                    raise LeaseLost(f"lease on notification {row.id} was lost")
+        except LeaseLost:
+            self.lost(row)
+        except Exception as exc:
+            give_up = isinstance(exc, handler.give_up_on) or not isinstance(
+                exc, handler.retry_on
+            )
+            self.failed(
+                row, exc, expire=give_up or row.attempts >= handler.attempts_allowed
+            )
+        else:
+            self.report.succeeded += 1
+
+    def run_publisher(self, rows: list[Notification]) -> None:
+        publisher = self.subscriber
+        fresh = []
+        for row in rows:
+            if row.attempts > publisher.attempts_allowed:
+                self.failed(
+                    row,
+                    LeaseLost("its worker died or hung past the lease"),
+                    expire=True,
+                )
+            else:
+                fresh.append(row)
+        if not fresh:
+            return
+        try:
+            outcomes = list(publisher.send_batch([context_for(r) for r in fresh]))
+            if len(outcomes) != len(fresh):
+                raise RuntimeError(
+                    f"{type(publisher).__name__}.send_batch returned {len(outcomes)} "
+                    f"outcomes for {len(fresh)} messages"
+                )
+        except Exception as exc:
+            outcomes = [exc] * len(fresh)
+        delivered = [
+            row.id for row, error in zip(fresh, outcomes, strict=True) if error is None
+        ]
+        if delivered:
+            written = (
+                Notification.objects.using(self.using)
+                .filter(id__in=delivered)
+                .succeed(self.token, timezone.now())
+            )
+            self.report.succeeded += written
+            if written < len(delivered):
+                self.report.lost += len(delivered) - written
+                logger.warning(
+                    "%s: %d delivered rows had lost their lease; another worker "
+                    "owns them now",
+                    publisher.name,
+                    len(delivered) - written,
+                )
+        for row, error in zip(fresh, outcomes, strict=True):
+            if error is not None:
+                self.failed(
+                    row, error, expire=row.attempts >= publisher.attempts_allowed
+                )
+
+    def failed(self, row: Notification, exc: BaseException, *, expire: bool) -> None:
+        retry_at = None
+        if not expire:
+            delay = retry_delay(
+                row.attempts,
+                outbox_settings.RETRY_BASE_SECONDS,
+                outbox_settings.RETRY_MAX_SECONDS,
+                self.rng,
+            )
+            retry_at = self.now + timedelta(seconds=delay)
+        limit = outbox_settings.TRACEBACK_MAX_CHARS
+        text = "".join(traceback.format_exception(exc))
+        written = self._row(row).fail(
+            self.token,
+            error=str(exc) or repr(exc),
+            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            traceback=text[-limit:] if limit else "",
+            retry_at=retry_at,
+            now=timezone.now(),
+        )
+        if not written:
+            self.lost(row)
+            return
+        if expire:
+            self.report.expired += 1
+            logger.error(
+                "%s: notification %s of event %s EXPIRED after %d attempt(s): %s",
+                self.subscriber.name,
+                row.id,
+                row.event_id,
+                row.attempts,
+                exc,
+            )
+        else:
+            self.report.failed += 1
+            logger.warning(
+                "%s: notification %s of event %s failed (attempt %d), retry at %s: %s",
+                self.subscriber.name,
+                row.id,
+                row.event_id,
+                row.attempts,
+                retry_at.isoformat(),
+                exc,
+            )
+
+    def lost(self, row: Notification) -> None:
+        self.report.lost += 1
+        logger.warning(
+            "%s: lease on notification %s was lost; its outcome was discarded "
+            "(another worker owns the row now)",
+            self.subscriber.name,
+            row.id,
+        )
+
+
+def context_for(row: Notification) -> DeliveryContext:
+    """The DeliveryContext of a claimed row (``row.event`` selected with it)."""
+    event = row.event
+    return DeliveryContext(
+        event_id=event.id,
+        namespace=event.namespace,
+        event_type=event.event_type,
+        revision=event.revision,
+        payload=event.payload,
+        aggregate_type=event.aggregate_type,
+        aggregate_id=event.aggregate_id,
+        aggregate_version=event.aggregate_version,
+        headers=event.headers,
+        tenant_id=event.tenant_id,
+        action_id=event.action_id,
+        occurred_at=event.occurred_at,
+        attempt=row.attempts,
+        subscriber=row.subscriber,
+        notification_id=row.id,
+    )
+
+
+def _event_for(row: Notification) -> Any:
+    """The event a handler receives: the Event instance, or the payload dict for
+    a type no class defines."""
+    event = row.event
+    if event_class(event.event_type) is None:
+        return event.payload
+    return decode(event.event_type, event.revision, event.payload)
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block with HandlerTimeout after ``seconds`` (SIGALRM; only
+    in the main thread, the relay command's; elsewhere the lease bounds it)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise HandlerTimeout(f"handler ran longer than its timeout of {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

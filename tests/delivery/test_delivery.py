@@ -1,0 +1,442 @@
+"""The delivery engine in one process: fan-out, claims, outcomes, retries,
+expiry, requeue, ordering, late subscribers and bad input."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import random
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent, handler, publish
+from outbox_app.fanout import fan_out
+from outbox_app.registry import unregister
+from outbox_app.relay import deliver, relay_once
+from outbox_app.states import State
+from tests.testapp.events import OrderPlaced, Step
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def place(n: int, **kwargs) -> list[OutboxEvent]:
+    with transaction.atomic():
+        return publish(
+            *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(n)],
+            **kwargs,
+        )
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def add(*types, name, **options):
+        def register(fn):
+            handler(*types, name=name, **options)(fn)
+            names.append(name)
+            return fn
+
+        return register
+
+    yield add
+    for name in names:
+        unregister(name)
+
+
+def later(seconds: float) -> datetime.datetime:
+    return timezone.now() + datetime.timedelta(seconds=seconds)
+
+
+def test_happy_path__every_committed_event_reaches_each_handler_once(handlers):
+    handlers("record")
+    events = place(20)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish(OrderPlaced(order_id=99, total=decimal.Decimal(1)))
+        raise RuntimeError("rolled back")
+    report = relay_once()
+    assert (report.fanned_out, report.claimed, report.succeeded) == (20, 40, 40)
+    assert SideEffect.objects.filter(handler="record_a").count() == 20
+    assert SideEffect.objects.filter(handler="record_b").count() == 20
+    assert set(SideEffect.objects.values_list("event_id", flat=True)) == {
+        e.id for e in events
+    }
+    assert not OutboxEvent.objects.undelivered().exists()
+    assert set(Notification.objects.values_list("state", flat=True)) == {
+        State.SUCCEEDED
+    }
+    # Nothing is delivered twice.
+    assert relay_once().claimed == 0
+    assert SideEffect.objects.count() == 40
+
+
+def test_handler_receives_the_event_and_its_context(registered):
+    seen = []
+
+    @registered(OrderPlaced, name="ctx")
+    def ctx(event, context):
+        seen.append((event, context))
+
+    with transaction.atomic():
+        [row] = publish(
+            OrderPlaced(order_id=5, total=decimal.Decimal("2.50")),
+            aggregate=("shop.Order", 5),
+            aggregate_version=3,
+            headers={"correlation_id": "c-1"},
+            tenant_id="t1",
+        )
+    relay_once()
+    [(event, context)] = seen
+    assert event == OrderPlaced(order_id=5, total=decimal.Decimal("2.50"))
+    assert context.event_id == row.id
+    assert (
+        context.aggregate_type,
+        context.aggregate_id,
+        context.aggregate_version,
+    ) == (
+        "shop.Order",
+        "5",
+        3,
+    )
+    assert context.headers == {"correlation_id": "c-1"}
+    assert (context.attempt, context.tenant_id, context.subscriber) == (1, "t1", "ctx")
+    assert context.occurred_at == row.occurred_at
+
+
+def test_failing_handler__failed_retried_expired_requeued(registered, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 3
+    calls = []
+
+    @registered(OrderPlaced, name="fails")
+    def fails(event, context):
+        SideEffect.objects.create(handler="fails", event_id=context.event_id)
+        calls.append(context.attempt)
+        if len(calls) <= 3:
+            raise ValueError(f"bad thing #{context.attempt}")
+
+    place(1)
+    assert relay_once().failed == 1
+    row = Notification.objects.get()
+    assert (row.state, row.attempts) == (State.FAILED, 1)
+    assert row.last_error == "bad thing #1"
+    assert row.last_error_type == "builtins.ValueError"
+    assert "Traceback" in row.last_traceback and "bad thing #1" in row.last_traceback
+    assert row.first_failed_at is not None and row.lease_token is None
+    # Backoff: not due now, due after the ceiling (1 s for attempt 1).
+    assert row.next_retry_at <= timezone.now() + datetime.timedelta(seconds=1)
+    assert deliver().claimed == 0
+    assert deliver(now=later(1.01)).failed == 1
+    assert deliver(now=later(2.01 + 1)).expired == 1
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.last_error) == (
+        State.EXPIRED,
+        3,
+        "bad thing #3",
+    )
+    assert row.completed_at is not None
+    assert deliver(now=later(3600)).claimed == 0  # the dead letter stays put
+    # The failed attempts' writes were rolled back.
+    assert not SideEffect.objects.exists()
+    # An operator requeues it: due now, attempts reset, error kept as history.
+    assert Notification.objects.requeue() == 1
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.last_error) == (
+        State.PENDING,
+        0,
+        "bad thing #3",
+    )
+    assert deliver().succeeded == 1
+    row.refresh_from_db()
+    assert row.state == State.SUCCEEDED
+    assert SideEffect.objects.count() == 1
+
+
+def test_give_up_on_expires_at_once(registered):
+    @registered(OrderPlaced, name="gives_up", give_up_on=(KeyError,))
+    def gives_up(event, context):
+        raise KeyError("no such customer")
+
+    place(1)
+    assert relay_once().expired == 1
+    row = Notification.objects.get()
+    assert (row.state, row.attempts, row.last_error_type) == (
+        State.EXPIRED,
+        1,
+        "builtins.KeyError",
+    )
+
+
+def test_exception_outside_retry_on_expires(registered):
+    @registered(OrderPlaced, name="narrow", retry_on=(ConnectionError,))
+    def narrow(event, context):
+        raise TypeError("a bug, not a transient failure")
+
+    place(1)
+    assert relay_once().expired == 1
+
+
+def test_per_handler_max_attempts(registered, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 10
+
+    @registered(OrderPlaced, name="once", max_attempts=1)
+    def once(event, context):
+        raise ConnectionError("down")
+
+    place(1)
+    assert relay_once().expired == 1
+
+
+def test_backoff_is_capped_exponential_with_jitter(registered, settings):
+    settings.OUTBOX_RETRY_BASE_SECONDS = 10
+    settings.OUTBOX_RETRY_MAX_SECONDS = 25
+
+    @registered(OrderPlaced, name="always")
+    def always(event, context):
+        raise ConnectionError("down")
+
+    place(1)
+    fan_out()
+    start = timezone.now()
+    ceilings = []
+    for attempt in range(1, 5):
+        report = deliver(
+            now=start + datetime.timedelta(days=attempt), rng=random.Random(1)
+        )
+        assert report.failed == 1
+        row = Notification.objects.get()
+        assert row.attempts == attempt
+        wait = (
+            row.next_retry_at - (start + datetime.timedelta(days=attempt))
+        ).total_seconds()
+        ceilings.append(min(25, 10 * 2 ** (attempt - 1)))
+        assert 0 <= wait <= ceilings[-1]
+    assert ceilings == [10, 20, 25, 25]
+
+
+def test_a_raising_handler_does_not_lose_the_rest_of_its_batch(registered):
+    @registered(OrderPlaced, name="picky")
+    def picky(event, context):
+        if event.order_id % 3 == 0:
+            raise ValueError("multiple of three")
+        SideEffect.objects.create(handler="picky", event_id=context.event_id)
+
+    place(9)
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (6, 3)
+    assert SideEffect.objects.count() == 6
+
+
+def test_lost_lease_discards_outcome_and_rolls_back_writes(registered):
+    from outbox_app.registry import get
+    from outbox_app.relay import _Outcome
+
+    @registered(OrderPlaced, name="slowpoke")
+    def slowpoke(event, context):
+        SideEffect.objects.create(handler="slowpoke", event_id=context.event_id)
+
+    place(1)
+    fan_out()
+    token, _ = Notification.objects.claim(limit=10, lease_seconds=60, worker="me")
+    # The lease runs out and another worker claims the row before "me" finishes.
+    Notification.objects.claim(
+        limit=10, lease_seconds=60, worker="other", now=later(61)
+    )
+    row = Notification.objects.select_related("event").get()
+    outcome = _Outcome(get("slowpoke"), token, "default", timezone.now(), None)
+    outcome.run_handler(get("slowpoke"), row)
+    assert (outcome.report.succeeded, outcome.report.lost) == (0, 1)
+    row.refresh_from_db()
+    assert (row.state, row.locked_by, row.attempts) == (State.RUNNING, "other", 2)
+    assert not SideEffect.objects.exists()  # the handler's write was rolled back
+
+
+def test_handler_timeout(registered):
+    import time
+
+    @registered(OrderPlaced, name="sleepy", timeout=0.2, give_up_on=())
+    def sleepy(event, context):
+        time.sleep(5)
+
+    place(1)
+    assert relay_once().failed == 1
+    row = Notification.objects.get()
+    assert row.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+
+
+def test_late_subscriber_receives_earlier_events(registered):
+    place(3)
+    assert fan_out() == 0  # nobody subscribes: the events wait
+    assert OutboxEvent.objects.undelivered().count() == 3
+    seen = []
+
+    @registered(OrderPlaced, name="late")
+    def late(event, context):
+        seen.append(event.order_id)
+
+    assert relay_once().succeeded == 3
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_alias_keeps_rows_of_a_renamed_handler_flowing(registered):
+    @registered(OrderPlaced, name="old.name")
+    def old(event, context):
+        raise ConnectionError("not yet")
+
+    place(1)
+    relay_once()
+    unregister("old.name")
+    seen = []
+
+    @registered(OrderPlaced, name="new.name", aliases=["old.name"])
+    def new(event, context):
+        seen.append(context.subscriber)
+
+    assert deliver(now=later(3600)).succeeded == 1
+    assert seen == ["old.name"]
+
+
+def test_bad_stored_payload_fails_only_that_notification(registered):
+    seen = []
+
+    @registered(OrderPlaced, "Mystery", name="tolerant")
+    def tolerant(event, context):
+        seen.append(event)
+
+    place(2)
+    with transaction.atomic():
+        publish({"event_type": "Mystery", "payload": {"anything": 1}})
+    # A row whose payload no longer fits the class (a field was renamed).
+    broken = OutboxEvent.objects.filter(event_type="OrderPlaced").first()
+    OutboxEvent.objects.filter(id=broken.id).update(payload={"order": 1, "total": "1"})
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (2, 1)
+    failed = Notification.objects.get(state=State.FAILED)
+    assert failed.event_id == broken.id
+    assert failed.last_error_type == "outbox_app.exceptions.EventDecodeError"
+    assert "unexpected field(s) order" in failed.last_error
+    assert {"anything": 1} in seen  # no class: the handler gets the payload
+
+
+def test_sentinels_are_never_fanned_out(handlers):
+    from outbox_app import outbox_action
+
+    handlers("record")
+    with transaction.atomic(), outbox_action("Nothing"):
+        pass
+    assert relay_once().fanned_out == 0
+    assert not Notification.objects.exists()
+
+
+def test_ordered_handler_delivers_each_aggregate_in_order(registered):
+    seen = []
+
+    @registered(Step, name="steps", ordered=True)
+    def steps(event, context):
+        seen.append((context.aggregate_id, event.position))
+
+    with transaction.atomic():
+        for position in range(5):
+            for aggregate in ("a", "b"):
+                publish(Step(position=position), aggregate=("shop.Cart", aggregate))
+    fan_out()
+    # Only heads are claimable: one row per aggregate per claim.
+    rounds = []
+    while True:
+        report = deliver(batch_size=100)
+        if not report.claimed:
+            break
+        rounds.append(report.claimed)
+    for aggregate in ("a", "b"):
+        assert [p for a, p in seen if a == aggregate] == [0, 1, 2, 3, 4]
+
+
+def test_ordered_by_aggregate_version_when_given(registered):
+    seen = []
+
+    @registered(Step, name="versions", ordered=True)
+    def versions(event, context):
+        seen.append(context.aggregate_version)
+
+    with transaction.atomic():
+        # Published out of version order: the versions decide.
+        publish(Step(position=3), aggregate=("shop.Cart", "v"), aggregate_version=3)
+        publish(Step(position=1), aggregate=("shop.Cart", "v"), aggregate_version=1)
+        publish(Step(position=2), aggregate=("shop.Cart", "v"), aggregate_version=2)
+    for _ in range(4):
+        relay_once()
+    assert seen == [1, 2, 3]
+
+
+def test_ordered__failed_head_waits_expired_head_blocks_only_its_aggregate(
+    registered, settings
+):
+    settings.OUTBOX_MAX_ATTEMPTS = 2
+    seen = []
+
+    @registered(Step, name="strict", ordered=True)
+    def strict(event, context):
+        if context.aggregate_id == "stuck" and event.position == 0:
+            raise ConnectionError("stuck head")
+        seen.append((context.aggregate_id, event.position))
+
+    with transaction.atomic():
+        for position in range(3):
+            publish(Step(position=position), aggregate=("shop.Cart", "stuck"))
+            publish(Step(position=position), aggregate=("shop.Cart", "fine"))
+    for _ in range(4):
+        relay_once()
+    # FAILED head: its aggregate waits, the other flows.
+    assert [p for a, p in seen if a == "fine"] == [0, 1, 2]
+    assert not [p for a, p in seen if a == "stuck"]
+    assert Notification.objects.get(aggregate_id="stuck", state=State.FAILED)
+    deliver(now=later(3600))  # second attempt fails: EXPIRED head
+    head = Notification.objects.get(aggregate_id="stuck", state=State.EXPIRED)
+    for _ in range(3):
+        deliver(now=later(7200))
+    assert not [p for a, p in seen if a == "stuck"]  # blocked until an operator acts
+    strict_rows = Notification.objects.for_subscribers(["strict"])
+    assert strict_rows.blocked_aggregates() == 1
+    assert strict_rows.filter(aggregate_id="stuck", state=State.PENDING).count() == 2
+    # Unblock: the operator requeues the head (and the handler is fixed).
+    unregister("strict")
+
+    @registered(Step, name="strict", ordered=True)
+    def fixed(event, context):
+        seen.append((context.aggregate_id, event.position))
+
+    Notification.objects.filter(id=head.id).requeue()
+    for _ in range(4):
+        relay_once()
+    assert [p for a, p in seen if a == "stuck"] == [0, 1, 2]
+    assert strict_rows.blocked_aggregates() == 0
+
+
+def test_unordered_handler_has_no_aggregate_wait(registered, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 1
+    seen = []
+
+    @registered(Step, name="loose")
+    def loose(event, context):
+        if event.position == 0:
+            raise ValueError("first one fails")
+        seen.append(event.position)
+
+    with transaction.atomic():
+        for position in range(3):
+            publish(Step(position=position), aggregate=("shop.Cart", "x"))
+    relay_once()
+    assert sorted(seen) == [1, 2]
+
+
+def test_release_hands_back_unattempted_rows(handlers):
+    handlers("record")
+    place(2)
+    fan_out()
+    rows = Notification.objects.all()
+    token, ids = rows.claim(limit=10, lease_seconds=60, worker="me")
+    assert len(ids) == 4
+    assert Notification.objects.release(token) == 4
+    assert set(rows.values_list("state", "attempts")) == {(State.PENDING, 0)}

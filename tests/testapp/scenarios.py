@@ -1,0 +1,84 @@
+"""Handlers the delivery tests register, in-process or in relay worker processes.
+
+Not a ``handlers`` module on purpose: autodiscovery would register them in every
+test. ``register(name)`` registers one set by name; worker processes started by
+the tests call it too.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+from outbox_app import handler
+from outbox_app.registry import unregister
+
+from .events import OrderPlaced, Step
+from .models import SideEffect
+
+
+def _record(name: str, event, context) -> None:
+    SideEffect.objects.create(
+        handler=name,
+        event_id=context.event_id,
+        position=getattr(event, "position", None),
+        aggregate=context.aggregate_id or "",
+    )
+
+
+def record_a(event, context):
+    _record("record_a", event, context)
+
+
+def record_b(event, context):
+    _record("record_b", event, context)
+
+
+def flaky(name: str, rate: float):
+    def run(event, context):
+        _record(name, event, context)  # written, then rolled back on failure
+        if random.random() < rate:
+            raise ConnectionError(f"flaky {name} failed on attempt {context.attempt}")
+
+    return run
+
+
+def record_ordered(event, context):
+    _record("ordered", event, context)
+
+
+def hang(event, context):
+    """Writes, says it started (a marker file), then hangs until killed."""
+    _record("hang", event, context)
+    Path(os.environ["OUTBOX_TEST_MARKER"]).write_text(str(context.event_id))
+    time.sleep(600)
+
+
+SETS = {
+    "record": [
+        ("record_a", OrderPlaced, record_a, {}),
+        ("record_b", OrderPlaced, record_b, {}),
+    ],
+    "flaky": [
+        ("flaky_a", OrderPlaced, flaky("flaky_a", 0.1), {}),
+        ("flaky_b", OrderPlaced, flaky("flaky_b", 0.1), {}),
+    ],
+    "ordered": [("ordered", Step, flaky("ordered", 0.1), {"ordered": True})],
+    "hang": [("hang", OrderPlaced, hang, {})],
+}
+
+
+def register(set_name: str) -> list[str]:
+    names = []
+    for name, event, fn, options in SETS[set_name]:
+        handler(event, name=name, **options)(fn)
+        names.append(name)
+    return names
+
+
+def unregister_all() -> None:
+    for entries in SETS.values():
+        for name, *_ in entries:
+            unregister(name)
