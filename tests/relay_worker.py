@@ -1,0 +1,57 @@
+"""A relay worker process for the crash and concurrency tests.
+
+    python -m tests.relay_worker SET [SET ...] [--until-done] [--max-seconds N]
+
+Registers the handler sets of ``tests.testapp.scenarios``, holds the SQLite
+single-relay guard, then runs the relay until everything is delivered
+(``--until-done``) or the time is up. Prints ``ready`` once it holds the guard.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import close_old_connections  # noqa: E402
+
+from outbox_app import Notification, OutboxEvent  # noqa: E402
+from outbox_app.db import single_relay_guard  # noqa: E402
+from outbox_app.relay import relay_once  # noqa: E402
+from outbox_app.states import State  # noqa: E402
+from tests.testapp import scenarios  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sets", nargs="+")
+    parser.add_argument("--until-done", action="store_true")
+    parser.add_argument("--max-seconds", type=float, default=120)
+    parser.add_argument("--batch-size", type=int, default=50)
+    args = parser.parse_args()
+    for name in args.sets:
+        scenarios.register(name)
+    deadline = time.monotonic() + args.max_seconds
+    with single_relay_guard("default"):
+        print("ready", flush=True)
+        while time.monotonic() < deadline:
+            report = relay_once(batch_size=args.batch_size, max_seconds=5)
+            close_old_connections()
+            if report.claimed or report.fanned_out:
+                continue
+            if args.until_done and not (
+                OutboxEvent.objects.undelivered().exists()
+                or Notification.objects.exclude(state=State.SUCCEEDED).exists()
+            ):
+                return 0
+            time.sleep(0.02)
+    return 0 if not args.until_done else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
