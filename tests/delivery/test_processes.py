@@ -148,7 +148,7 @@ def test_four_workers__flaky_and_ordered_handlers__nothing_lost_nothing_twice():
         for _ in range(4)
     ]
     for worker in workers:
-        out, err = worker.communicate(timeout=450)
+        _, err = worker.communicate(timeout=450)
         assert worker.returncode == 0, err[-3000:]
     notifications = Notification.objects.all()
     assert notifications.count() == 5000 * 2 + aggregates * steps
@@ -179,7 +179,7 @@ def test_sqlite_runs_one_relay_per_database_file(vendor):
     try:
         assert first.stdout.readline().strip() == "ready"
         second = start_worker("record", "--max-seconds", "5")
-        out, err = second.communicate(timeout=60)
+        _, err = second.communicate(timeout=60)
         assert second.returncode != 0
         assert "Another relay is already running on the SQLite database" in err
     finally:
