@@ -11,6 +11,9 @@ class OutboxConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .publishing import events_committed, wake_relays
+
+        events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
 
         # Handlers live in each app's handlers.py, as admin classes live in admin.py.
         autodiscover_modules("handlers")

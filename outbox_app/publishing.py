@@ -9,6 +9,7 @@ relay's own polling is what guarantees delivery.
 from __future__ import annotations
 
 import contextvars
+import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from django.db import IntegrityError, models, router, transaction
 from django.utils import timezone
 
 from .conf import outbox_settings
+from .db import notify_relays
 from .events import Event, encode, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
@@ -28,6 +30,8 @@ from .exceptions import (
     OutboxRequiresActiveTransaction,
 )
 from .models import OutboxEvent, new_event_id
+
+logger = logging.getLogger("outbox_app.publishing")
 
 #: Sent once per committed transaction that published events, after the commit.
 #: Arguments: ``sender=OutboxEvent``, ``using`` (database alias). The relay and
@@ -259,4 +263,23 @@ class _Waker:
         self.__qualname__ = f"outbox wake-up ({alias})"
 
     def __call__(self) -> None:
-        events_committed.send(sender=OutboxEvent, using=self.alias)
+        for receiver, result in events_committed.send_robust(
+            sender=OutboxEvent, using=self.alias
+        ):
+            if isinstance(result, Exception):
+                logger.error(
+                    "outbox wake-up receiver %r failed: %s",
+                    receiver,
+                    result,
+                    exc_info=result,
+                )
+
+
+def wake_relays(sender: Any, using: str, **kwargs: Any) -> None:
+    """``events_committed`` receiver: wake relays in other processes (PostgreSQL
+    NOTIFY) and, with ``OUTBOX_CELERY_WAKE``, enqueue the Celery relay task."""
+    notify_relays(using)
+    if outbox_settings.CELERY_WAKE:
+        from .tasks import wake as celery_wake
+
+        celery_wake(using)

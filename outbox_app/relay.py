@@ -58,6 +58,7 @@ class RelayReport:
         claimed: notifications leased.
         succeeded, failed, expired: outcomes written (FAILED will be retried).
         lost: outcomes discarded because the lease had passed to another worker.
+        released: claimed rows handed back unattempted (shutdown).
     """
 
     fanned_out: int = 0
@@ -66,6 +67,7 @@ class RelayReport:
     failed: int = 0
     expired: int = 0
     lost: int = 0
+    released: int = 0
 
     def __iadd__(self, other: RelayReport) -> RelayReport:
         for f in fields(self):
@@ -88,6 +90,7 @@ def relay_once(
     batch_size: int | None = None,
     max_seconds: float | None = None,
     now: datetime | None = None,
+    stop: threading.Event | None = None,
 ) -> RelayReport:
     """Fan out, then deliver what is due, once.
 
@@ -99,6 +102,8 @@ def relay_once(
         max_seconds: time budget in seconds for the whole call; ``None``: until
             nothing is due.
         now: the clock for claims and backoff (tests); default the real time.
+        stop: when set (a relay shutting down), no new batch is claimed and the
+            unattempted rows of the current handler batch are released.
 
     Returns:
         RelayReport with the counts.
@@ -111,7 +116,12 @@ def relay_once(
         None if max_seconds is None else max_seconds - (time.monotonic() - started)
     )
     report += deliver(
-        kind=kind, using=using, batch_size=batch_size, max_seconds=remaining, now=now
+        kind=kind,
+        using=using,
+        batch_size=batch_size,
+        max_seconds=remaining,
+        now=now,
+        stop=stop,
     )
     return report
 
@@ -126,6 +136,7 @@ def deliver(
     now: datetime | None = None,
     worker: str | None = None,
     rng: random.Random | None = None,
+    stop: threading.Event | None = None,
 ) -> RelayReport:
     """Claim and deliver due notifications, batch by batch, until none is due or
     the time budget is spent.
@@ -142,6 +153,8 @@ def deliver(
             read per batch.
         worker: lease holder name; default :func:`worker_name`.
         rng: randomness for backoff jitter (tests).
+        stop: when set, claim no new batch; a handler batch releases the rows
+            it has not attempted yet (due again at once, attempt taken back).
 
     Returns:
         RelayReport with the counts (``fanned_out`` is 0).
@@ -154,13 +167,16 @@ def deliver(
     batch_size = batch_size or outbox_settings.BATCH_SIZE
     worker = worker or worker_name()
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    stop = stop or threading.Event()
     report = RelayReport()
     active = chosen
     while active:
         still_busy = []
         for subscriber in active:
+            if stop.is_set():
+                return report
             batch = _deliver_batch(
-                subscriber, using, batch_size, now or timezone.now(), worker, rng
+                subscriber, using, batch_size, now or timezone.now(), worker, rng, stop
             )
             report += batch
             if batch.claimed == batch_size:
@@ -178,6 +194,7 @@ def _deliver_batch(
     now: datetime,
     worker: str,
     rng: random.Random | None,
+    stop: threading.Event,
 ) -> RelayReport:
     rows = Notification.objects.using(using).for_subscribers(subscriber.stored_names)
     token, ids = rows.claim(
@@ -197,7 +214,15 @@ def _deliver_batch(
     )
     outcome = _Outcome(subscriber, token, using, now, rng)
     if isinstance(subscriber, Handler):
-        for row in claimed:
+        for position, row in enumerate(claimed):
+            if stop.is_set():
+                unattempted = [r.id for r in claimed[position:]]
+                outcome.report.released = (
+                    Notification.objects.using(using)
+                    .filter(id__in=unattempted)
+                    .release(token)
+                )
+                break
             outcome.run_handler(subscriber, row)
     else:
         outcome.run_publisher(claimed)

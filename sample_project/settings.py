@@ -78,5 +78,6 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"outbox_app": {"handlers": ["console"], "level": "INFO"}},
+    # python manage.py relay -v 2 shows the relay's INFO lines.
+    "loggers": {"outbox_app": {"handlers": ["console"], "level": "WARNING"}},
 }

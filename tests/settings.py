@@ -28,6 +28,8 @@ DATABASES = {
     )
 }
 _db = DATABASES["default"]
+if "OUTBOX_TEST_CONN_MAX_AGE" in os.environ:  # relay processes: persistent connections
+    _db["CONN_MAX_AGE"] = int(os.environ["OUTBOX_TEST_CONN_MAX_AGE"]) or None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so relay worker processes share it; WAL and IMMEDIATE
     # transactions as docs/configuration.md recommends.
@@ -84,6 +86,7 @@ OUTBOX_NAMESPACE = "tests"
 OUTBOX_RETRY_BASE_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_BASE", "1.0"))
 OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0"))
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
+OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -21,45 +16,15 @@ from django.utils import timezone
 from outbox_app import Notification, publish
 from outbox_app.relay import deliver
 from outbox_app.states import State
+from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"{scheme}://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
-def start_worker(*sets: str, **env: str) -> subprocess.Popen:
-    environment = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        **env,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.relay_worker", *sets],
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+def start_worker(*args: str, **env: str):
+    return spawn("-m", "tests.relay_worker", *args, **env)
 
 
 def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(

@@ -56,6 +56,15 @@ def hang(event, context):
     time.sleep(600)
 
 
+def slow(event, context):
+    """Writes, says it started, and takes a while: for shutdown tests."""
+    _record("slow", event, context)
+    marker = os.environ.get("OUTBOX_TEST_MARKER")
+    if marker:
+        Path(marker).write_text(str(context.event_id))
+    time.sleep(0.2)
+
+
 SETS = {
     "record": [
         ("record_a", OrderPlaced, record_a, {}),
@@ -67,6 +76,7 @@ SETS = {
     ],
     "ordered": [("ordered", Step, flaky("ordered", 0.1), {"ordered": True})],
     "hang": [("hang", OrderPlaced, hang, {})],
+    "slow": [("slow", OrderPlaced, slow, {})],
 }
 
 

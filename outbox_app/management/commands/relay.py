@@ -1,0 +1,133 @@
+"""``python manage.py relay``: deliver committed outbox events."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from outbox_app.exceptions import OutboxError
+from outbox_app.models import Notification, OutboxEvent
+from outbox_app.relay import RelayReport
+from outbox_app.worker import RelayWorker
+
+KINDS = {"publishers": "publisher", "handlers": "handler"}
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the outbox relay: fan committed events out to their subscribers and "
+        "deliver them to broker publishers and in-process handlers, with retries, "
+        "backoff and leases. Runs until SIGTERM/SIGINT (finishing the current "
+        "batch and releasing unstarted rows), or with --once until nothing is due. "
+        "Several relays may run side by side on PostgreSQL and MySQL/MariaDB; "
+        "SQLite allows one per database file."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--only",
+            choices=sorted(KINDS),
+            help="Deliver to publishers or to handlers only (fan-out always runs), "
+            "to split them across processes. Default: both.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=None,
+            help="Rows per claim (default: OUTBOX_BATCH_SIZE).",
+        )
+        parser.add_argument(
+            "--database",
+            default="default",
+            choices=list(connections),
+            help="Database alias whose outbox to relay (default: default).",
+        )
+        parser.add_argument(
+            "--max-seconds",
+            type=float,
+            default=None,
+            help="Exit 0 after this many seconds (default: run until stopped).",
+        )
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Deliver what is due now, print a summary and exit.",
+        )
+
+    def handle(self, *args, **options):
+        if options["batch_size"] is not None and options["batch_size"] < 1:
+            raise CommandError("--batch-size must be a positive number of rows")
+        self._configure_logging(options["verbosity"])
+        using = options["database"]
+        progress = _Progress(self, using) if options["once"] else None
+        worker = RelayWorker(
+            kind=KINDS.get(options["only"]),
+            using=using,
+            batch_size=options["batch_size"],
+            max_seconds=options["max_seconds"],
+            once=options["once"],
+            on_iteration=progress,
+        )
+        previous = {
+            sig: signal.signal(sig, worker.stop)
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        started = time.monotonic()
+        try:
+            report = worker.run()
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if options["once"] or options["verbosity"] >= 1:
+            self._summary(report, time.monotonic() - started)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        if verbosity < 2:
+            return
+        logger = logging.getLogger("outbox_app")
+        logger.setLevel(logging.INFO if verbosity == 2 else logging.DEBUG)
+        if not any(getattr(h, "_outbox_relay", False) for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
+            handler._outbox_relay = True
+            logger.addHandler(handler)
+
+    def _summary(self, report: RelayReport, elapsed: float) -> None:
+        done = report.succeeded + report.failed + report.expired
+        rate = done / elapsed if elapsed > 0 else 0.0
+        self.stdout.write(
+            f"delivered {report.succeeded}, failed {report.failed}, "
+            f"expired {report.expired}, fanned out {report.fanned_out}, "
+            f"lost leases {report.lost}, released {report.released}; "
+            f"{elapsed:.1f}s, {rate:.0f} deliveries/s"
+        )
+
+
+class _Progress:
+    """A text progress bar for ``--once``: outcomes written against the work
+    that was due when the run started."""
+
+    WIDTH = 30
+
+    def __init__(self, command: BaseCommand, using: str):
+        self.command = command
+        due = Notification.objects.using(using).due().count()
+        waiting = OutboxEvent.objects.using(using).undelivered().count()
+        self.total = max(due + waiting, 1)
+        self.done = 0
+
+    def __call__(self, report: RelayReport) -> None:
+        self.done += report.succeeded + report.failed + report.expired
+        share = min(1.0, self.done / self.total)
+        filled = int(share * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        self.command.stdout.write(f"[{bar}] {self.done} outcomes ({share:.0%} of due)")

@@ -1,0 +1,174 @@
+"""The long-running relay: the loop around :func:`outbox_app.relay.relay_once`.
+
+It adds what a process needs and the relay functions do not: wake-ups within
+milliseconds of a commit (PostgreSQL LISTEN/NOTIFY; the in-process on-commit
+signal everywhere), adaptive polling (at once while there is work, backing off to
+``OUTBOX_POLL_INTERVAL`` when idle), a clean stop on SIGTERM/SIGINT, and survival
+of database outages (log, back off, reconnect). ``python manage.py relay`` is a
+thin caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import Error as DatabaseError
+from django.db import close_old_connections, connections
+
+from .conf import outbox_settings
+from .db import Listener, single_relay_guard
+from .publishing import events_committed
+from .registry import Kind, publishers
+from .relay import RelayReport, relay_once
+
+logger = logging.getLogger("outbox_app.worker")
+
+#: Shortest idle wait, in seconds: the first poll after work dried up.
+MIN_POLL_SECONDS = 0.05
+#: Longest time one iteration delivers before the loop checks its limits again.
+ITERATION_SECONDS = 5.0
+#: Longest wait between reconnection attempts, in seconds.
+MAX_RECONNECT_SECONDS = 30.0
+
+
+class RelayWorker:
+    """Run the relay until stopped.
+
+    Args:
+        kind: ``"handler"``, ``"publisher"`` or ``None`` (both).
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: stop after this many seconds; ``None`` runs until stopped.
+        once: drain what is due now, then return.
+        on_iteration: called with each iteration's RelayReport (progress output).
+        poll_interval: longest idle wait in seconds; default
+            ``OUTBOX_POLL_INTERVAL``.
+
+    Raises (from :meth:`run`):
+        RelayAlreadyRunning: a second relay on one SQLite database file.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: Kind | None = None,
+        using: str = "default",
+        batch_size: int | None = None,
+        max_seconds: float | None = None,
+        once: bool = False,
+        on_iteration: Callable[[RelayReport], None] | None = None,
+        poll_interval: float | None = None,
+    ):
+        self.kind = kind
+        self.using = using
+        self.batch_size = batch_size or outbox_settings.BATCH_SIZE
+        self.max_seconds = max_seconds
+        self.once = once
+        self.on_iteration = on_iteration
+        self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL
+        self.stopping = threading.Event()
+        self._listener: Listener | None = None
+
+    def stop(self, *args: object) -> None:
+        """Ask the loop to stop after the current batch (a signal handler)."""
+        if not self.stopping.is_set():
+            logger.info("relay stopping: finishing the current batch")
+        self.stopping.set()
+        if self._listener is not None:
+            self._listener.wake()
+
+    def run(self) -> RelayReport:
+        """Loop until stopped, out of time, or (``once``) drained.
+
+        Returns:
+            The RelayReport summed over the run.
+        """
+        total = RelayReport()
+        deadline = (
+            None if self.max_seconds is None else time.monotonic() + self.max_seconds
+        )
+        failures = 0
+        idle_wait = MIN_POLL_SECONDS
+        with single_relay_guard(self.using), Listener(self.using) as listener:
+            self._listener = listener
+            events_committed.connect(listener.wake, weak=False)
+            logger.info(
+                "relay started database=%s only=%s batch_size=%d wake=%s",
+                self.using,
+                self.kind or "all",
+                self.batch_size,
+                "listen/notify" if listener.listens else "on-commit+poll",
+            )
+            try:
+                while not self.stopping.is_set():
+                    budget = ITERATION_SECONDS
+                    if deadline is not None:
+                        budget = min(budget, deadline - time.monotonic())
+                        if budget <= 0:
+                            break
+                    try:
+                        report = relay_once(
+                            kind=self.kind,
+                            using=self.using,
+                            batch_size=self.batch_size,
+                            max_seconds=None if self.once else budget,
+                            stop=self.stopping,
+                        )
+                    except DatabaseError as exc:
+                        failures += 1
+                        self._recover(listener, exc, failures)
+                        continue
+                    failures = 0
+                    total += report
+                    if self.on_iteration is not None:
+                        self.on_iteration(report)
+                    if report.claimed or report.fanned_out:
+                        logger.info("relay iteration %s", _fields(report))
+                        idle_wait = MIN_POLL_SECONDS
+                        if not self.once:
+                            continue
+                    if self.once:
+                        break
+                    close_old_connections()
+                    idle_wait = self._idle(listener, idle_wait, deadline)
+            finally:
+                events_committed.disconnect(listener.wake)
+                for publisher in publishers() if self.kind != "handler" else ():
+                    publisher.close()
+        logger.info("relay stopped %s", _fields(total))
+        return total
+
+    def _idle(self, listener: Listener, wait: float, deadline: float | None) -> float:
+        """Wait for a wake-up or the poll interval; return the next wait."""
+        if deadline is not None:
+            wait = max(0.0, min(wait, deadline - time.monotonic()))
+        try:
+            listener.open()  # reconnects a LISTEN connection that broke
+            reason = listener.wait(wait)
+        except Exception as exc:
+            logger.warning("relay wake-up listener failed, polling instead: %s", exc)
+            self.stopping.wait(wait)
+            reason = None
+        if reason:
+            logger.debug("relay woken wake=%s", reason)
+            return MIN_POLL_SECONDS
+        return min(wait * 2, self.poll_interval)
+
+    def _recover(self, listener: Listener, exc: Exception, failures: int) -> None:
+        delay = min(MAX_RECONNECT_SECONDS, 0.5 * 2 ** (failures - 1))
+        logger.error(
+            "relay database error (attempt %d), reconnecting in %.1fs: %s",
+            failures,
+            delay,
+            exc,
+        )
+        connections[self.using].close()
+        listener.close()
+        self.stopping.wait(delay)
+
+
+def _fields(report: RelayReport) -> str:
+    return " ".join(f"{key}={value}" for key, value in report.as_dict().items())

@@ -1,0 +1,221 @@
+"""``python manage.py relay``: --once, SIGTERM, wake-ups, database outages."""
+
+from __future__ import annotations
+
+import decimal
+import re
+import signal
+import threading
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, transaction
+from django.db.models import Count
+
+from outbox_app import Notification, publish
+from outbox_app.states import State
+from tests.processes import spawn, wait_for
+from tests.testapp.events import OrderPlaced
+from tests.testapp.models import SideEffect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def place(n: int) -> None:
+    with transaction.atomic():
+        publish(*[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(n)])
+
+
+def relay_process(*args: str, **env: str):
+    return spawn("manage.py", "relay", "--settings=tests.settings", *args, **env)
+
+
+class StderrLines:
+    """Collects a process's stderr lines in a thread, so it never blocks."""
+
+    def __init__(self, process):
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process):
+        for line in process.stderr:
+            self.lines.append(line)
+
+    def stop(self, process) -> int:
+        """SIGTERM the process, wait for it, close its pipes; its exit code."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            self._thread.join(10)
+            process.stdout.close()
+            process.stderr.close()
+        return process.returncode
+
+    def has(self, pattern: str) -> bool:
+        return any(re.search(pattern, line) for line in self.lines)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def test_once__drains_and_prints_a_summary(handlers):
+    handlers("record")
+    place(30)
+    out = StringIO()
+    call_command("relay", "--once", "--batch-size", "7", stdout=out)
+    text = out.getvalue()
+    assert "[##############################] 60 outcomes (100% of due)" in text
+    assert re.search(
+        r"delivered 60, failed 0, expired 0, fanned out 30, .* deliveries/s", text
+    )
+    assert SideEffect.objects.count() == 60
+    assert set(Notification.objects.values_list("state", flat=True)) == {
+        State.SUCCEEDED
+    }
+
+
+def test_once__only_handlers_or_publishers(handlers):
+    handlers("record")
+    place(3)
+    out = StringIO()
+    call_command("relay", "--once", "--only", "publishers", stdout=out)
+    assert "delivered 0" in out.getvalue()  # no publisher configured here
+    assert Notification.objects.filter(state=State.PENDING).count() == 6
+    call_command("relay", "--once", "--only", "handlers", stdout=StringIO())
+    assert Notification.objects.filter(state=State.SUCCEEDED).count() == 6
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(CommandError, match="--batch-size must be a positive"):
+        call_command("relay", "--once", "--batch-size", "0")
+    with pytest.raises(CommandError, match="invalid choice: 'elsewhere'"):
+        call_command("relay", "--once", "--database", "elsewhere")
+
+
+def test_sigterm__finishes_the_batch_releases_the_rest_exits_0(tmp_path):
+    marker = tmp_path / "started"
+    place(40)
+    relay = relay_process(
+        "--batch-size",
+        "10",
+        OUTBOX_TEST_HANDLER_SETS="slow",
+        OUTBOX_TEST_MARKER=str(marker),
+    )
+    try:
+        wait_for(lambda: marker.exists() or relay.poll() is not None, 60, "a delivery")
+        relay.send_signal(signal.SIGTERM)
+        out, err = relay.communicate(timeout=60)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+    assert relay.returncode == 0, err
+    assert "delivered" in out
+    states = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
+    assert State.RUNNING not in states
+    assert states.get(State.SUCCEEDED, 0) == SideEffect.objects.count() > 0
+    assert states.get(State.PENDING, 0) > 0  # released or never claimed
+    assert sum(states.values()) == 40
+
+
+def test_wakes_within_a_poll_by_notification_or_on_commit(vendor):
+    """With a 60 s poll interval, the relay delivers an event published while it
+    is idle because it is woken: by LISTEN/NOTIFY on PostgreSQL."""
+    if vendor != "postgresql":
+        # Elsewhere the wake-up is in-process (the relay thread below) plus
+        # adaptive polling; covered by test_in_process_wakeup.
+        return
+    relay = relay_process(
+        "-v", "3", OUTBOX_TEST_HANDLER_SETS="record", OUTBOX_TEST_POLL="60"
+    )
+    log = StderrLines(relay)
+    try:
+        wait_for(
+            lambda: log.has("wake=listen/notify"), 60, "the relay to start listening"
+        )
+        time.sleep(1.0)  # let it go idle on a long wait
+        place(1)
+        wait_for(lambda: SideEffect.objects.count() == 2, 30, "delivery after NOTIFY")
+        assert log.has("relay woken wake=notify"), log.text()
+    finally:
+        code = log.stop(relay)
+    assert code == 0, log.text()
+
+
+def test_in_process_wakeup(handlers):
+    """A relay running in the publishing process is woken by the on-commit
+    signal on every database."""
+    from outbox_app.worker import RelayWorker
+
+    handlers("record")
+    worker = RelayWorker(poll_interval=60)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        place(1)
+        wait_for(lambda: SideEffect.objects.count() == 2, 30, "in-process wake-up")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_survives_losing_its_database_connection(vendor):
+    # Persistent connections, as in production: the killed one is reused and fails.
+    relay = relay_process(
+        "-v",
+        "2",
+        OUTBOX_TEST_HANDLER_SETS="record",
+        OUTBOX_TEST_POLL="0.2",
+        OUTBOX_TEST_CONN_MAX_AGE="0",
+    )
+    log = StderrLines(relay)
+    try:
+        place(2)
+        wait_for(lambda: SideEffect.objects.count() == 4, 60, "first deliveries")
+        killed = _kill_other_connections(vendor)
+        if vendor != "sqlite":
+            assert killed >= 1
+        place(3)
+        wait_for(
+            lambda: SideEffect.objects.count() == 10, 60, "deliveries after the outage"
+        )
+        assert relay.poll() is None
+    finally:
+        code = log.stop(relay)
+    assert code == 0, log.text()
+    if vendor != "sqlite":
+        assert log.has("relay database error"), log.text()
+
+
+def _kill_other_connections(vendor: str) -> int:
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )
+            return len(cursor.fetchall())
+        if vendor == "mysql":
+            cursor.execute(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = %s AND id <> CONNECTION_ID()",
+                [name],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            for pid in ids:
+                cursor.execute(f"KILL {int(pid)}")
+            return len(ids)
+    return 0
