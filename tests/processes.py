@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,3 +50,40 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+class Watched:
+    """A spawned process whose stderr lines are collected by a thread, so it
+    never blocks on a full pipe; :meth:`stop` ends it and closes its pipes."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    def has(self, pattern: str) -> bool:
+        return any(re.search(pattern, line) for line in self.lines)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig`` (if still running), wait, close the pipes; the exit code."""
+        process = self.process
+        if process.poll() is None:
+            process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            self._reader.join(10)
+            process.stdout.close()
+            process.stderr.close()
+        return process.returncode

@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from outbox_app import Notification, publish
 from outbox_app.states import State
-from tests.processes import spawn, wait_for
+from tests.processes import Watched, spawn, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -31,40 +31,6 @@ def place(n: int) -> None:
 
 def relay_process(*args: str, **env: str):
     return spawn("manage.py", "relay", "--settings=tests.settings", *args, **env)
-
-
-class StderrLines:
-    """Collects a process's stderr lines in a thread, so it never blocks."""
-
-    def __init__(self, process):
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
-        self._thread.start()
-
-    def _read(self, process):
-        for line in process.stderr:
-            self.lines.append(line)
-
-    def stop(self, process) -> int:
-        """SIGTERM the process, wait for it, close its pipes; its exit code."""
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            self._thread.join(10)
-            process.stdout.close()
-            process.stderr.close()
-        return process.returncode
-
-    def has(self, pattern: str) -> bool:
-        return any(re.search(pattern, line) for line in self.lines)
-
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 def test_once__drains_and_prints_a_summary(handlers):
@@ -137,7 +103,7 @@ def test_wakes_within_a_poll_by_notification_or_on_commit(vendor):
     relay = relay_process(
         "-v", "3", OUTBOX_TEST_HANDLER_SETS="record", OUTBOX_TEST_POLL="60"
     )
-    log = StderrLines(relay)
+    log = Watched(relay)
     try:
         wait_for(
             lambda: log.has("wake=listen/notify"), 60, "the relay to start listening"
@@ -147,7 +113,7 @@ def test_wakes_within_a_poll_by_notification_or_on_commit(vendor):
         wait_for(lambda: SideEffect.objects.count() == 2, 30, "delivery after NOTIFY")
         assert log.has("relay woken wake=notify"), log.text()
     finally:
-        code = log.stop(relay)
+        code = log.stop()
     assert code == 0, log.text()
 
 
@@ -179,7 +145,7 @@ def test_survives_losing_its_database_connection(vendor):
         OUTBOX_TEST_POLL="0.2",
         OUTBOX_TEST_CONN_MAX_AGE="0",
     )
-    log = StderrLines(relay)
+    log = Watched(relay)
     try:
         place(2)
         wait_for(lambda: SideEffect.objects.count() == 4, 60, "first deliveries")
@@ -192,7 +158,7 @@ def test_survives_losing_its_database_connection(vendor):
         )
         assert relay.poll() is None
     finally:
-        code = log.stop(relay)
+        code = log.stop()
     assert code == 0, log.text()
     if vendor != "sqlite":
         assert log.has("relay database error"), log.text()

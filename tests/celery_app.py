@@ -1,0 +1,29 @@
+"""The Celery app of the tests' worker and beat processes.
+
+Celery's Django fix-up sets Django up in the worker (DJANGO_SETTINGS_MODULE).
+"""
+
+import os
+
+from celery import Celery
+
+from outbox_app.tasks import beat_schedule
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+app = Celery("outbox_tests")
+app.conf.update(
+    broker_url=os.environ.get(
+        "OUTBOX_TEST_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"
+    ),
+    # One queue per test run, so a run never sees another's messages.
+    task_default_queue=os.environ.setdefault(
+        "OUTBOX_TEST_CELERY_QUEUE", f"outbox-tests-{os.getpid()}"
+    ),
+    beat_schedule=beat_schedule(
+        interval=float(os.environ.get("OUTBOX_TEST_BEAT_INTERVAL", "1.0"))
+    ),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+app.autodiscover_tasks(["outbox_app"])

@@ -1,0 +1,113 @@
+"""A real Celery worker with beat, on RabbitMQ, runs the relay tasks."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import socket
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from outbox_app import publish
+from outbox_app.tasks import beat_schedule
+from tests.conftest import require_service
+from tests.processes import Watched, spawn, wait_for
+from tests.testapp.events import OrderPlaced
+from tests.testapp.models import SideEffect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def rabbitmq_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def celery_app():
+    require_service("RabbitMQ", rabbitmq_up(), "127.0.0.1:5672")
+    from tests.celery_app import app
+
+    yield app
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(app.conf.task_default_queue)
+
+
+def start_worker(app, tmp_path, beat_interval: float):
+    process = spawn(
+        "-m",
+        "celery",
+        "-A",
+        "tests.celery_app",
+        "worker",
+        "--beat",
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--schedule",
+        str(tmp_path / "beat-schedule"),
+        OUTBOX_TEST_HANDLER_SETS="record",
+        OUTBOX_TEST_BEAT_INTERVAL=str(beat_interval),
+        OUTBOX_TEST_CELERY_QUEUE=app.conf.task_default_queue,
+    )
+    worker = Watched(process)
+    wait_for(
+        lambda: worker.has(r"ready\.") or process.poll() is not None,
+        60,
+        "the Celery worker",
+    )
+    assert process.poll() is None, worker.text()
+    return worker
+
+
+def test_beat_schedule_fragment():
+    schedule = beat_schedule(interval=2.0)
+    assert {e["task"] for e in schedule.values()} == {
+        "outbox_app.relay_events",
+        "outbox_app.run_handlers",
+        "outbox_app.purge_outbox",
+    }
+    relay = schedule["outbox-relay-events"]
+    assert relay["schedule"] == 2.0 and relay["options"] == {"expires": 2.0}
+    assert relay["kwargs"]["max_seconds"] == 1.8
+
+
+def test_worker_and_beat_deliver_committed_events(celery_app, tmp_path):
+    worker = start_worker(celery_app, tmp_path, beat_interval=0.5)
+    try:
+        with transaction.atomic():
+            publish(
+                *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(5)]
+            )
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish(OrderPlaced(order_id=99, total=decimal.Decimal(1)))
+            raise RuntimeError("rolled back")
+        wait_for(lambda: SideEffect.objects.count() == 10, 60, "beat-driven delivery")
+    finally:
+        worker.stop()
+    assert SideEffect.objects.filter(handler="record_a").count() == 5
+
+
+def test_on_commit_wakeup_enqueues_the_relay(celery_app, tmp_path, settings, handlers):
+    """Beat runs every hour here: only the on-commit wake-up can deliver."""
+    interval = 3600
+    settings.OUTBOX_CELERY_WAKE = True
+    handlers("record")  # so wake() knows handlers exist
+    worker = start_worker(celery_app, tmp_path, beat_interval=interval)
+    started = timezone.now()
+    try:
+        with transaction.atomic():
+            [event] = publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
+        wait_for(lambda: SideEffect.objects.count() == 2, 60, "wake-up delivery")
+    finally:
+        worker.stop()
+    first_beat = started + datetime.timedelta(seconds=interval)
+    for effect in SideEffect.objects.all():
+        assert event.created_at < effect.seen_at < first_beat
+    assert worker.has("outbox_app.run_handlers")
