@@ -117,3 +117,61 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         for name in unknown
     )
     return messages
+
+
+@checks.register("outbox")
+def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Publishers can be built; handlers listen to event types that exist."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .events import registered_event_types
+    from .publishers.base import build_publisher
+    from .registry import handlers
+
+    messages: list[checks.CheckMessage] = []
+    if _publishers(outbox_settings.PUBLISHERS):
+        for name, options in outbox_settings.PUBLISHERS.items():
+            try:
+                build_publisher(name, options)
+            except ImproperlyConfigured as exc:
+                messages.append(
+                    checks.Error(
+                        str(exc),
+                        hint="Check BACKEND and the options in docs/brokers.md.",
+                        id="outbox.E015",
+                    )
+                )
+    known = registered_event_types()
+    for handler in handlers():
+        for event_type in sorted(handler.event_types - known):
+            messages.append(
+                checks.Warning(
+                    f"handler {handler.name!r} is registered for event type "
+                    f"{event_type!r}, which no Event class defines.",
+                    hint="Fine for events published as mappings; otherwise check "
+                    "the spelling or import the module that defines the class.",
+                    id="outbox.W002",
+                )
+            )
+    return messages
+
+
+@checks.register("outbox", checks.Tags.database)
+def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
+    """SQLite runs one relay per database file."""
+    from django.db import connections
+
+    if outbox_settings.CELERY_WAKE is not True:
+        return []
+    return [
+        checks.Warning(
+            f"Database {alias!r} is SQLite and OUTBOX_CELERY_WAKE is on: Celery "
+            "workers would run relays beside `manage.py relay`, but SQLite allows "
+            "one relay per database file (the others skip their run).",
+            hint="Run one relay: a single Celery worker or `manage.py relay`, not "
+            "both; or use PostgreSQL or MySQL/MariaDB.",
+            id="outbox.W003",
+        )
+        for alias in connections
+        if connections[alias].vendor == "sqlite"
+    ]

@@ -52,3 +52,46 @@ def test_checks_run_through_manage_py_check(settings):
     settings.OUTBOX_BATCH_SIZE = 0
     errors = checks.run_checks(tags=["outbox"])
     assert "outbox.E007" in [e.id for e in errors]
+
+
+def test_publisher_that_cannot_be_built_is_reported(settings):
+    settings.OUTBOX_PUBLISHERS = {"broken": {"BACKEND": "no.such.Backend"}}
+    from outbox_app.checks import check_subscribers
+
+    [message] = check_subscribers()
+    assert message.id == "outbox.E015"
+    assert "cannot import BACKEND 'no.such.Backend'" in message.msg
+
+
+def test_publisher_backend_must_be_a_publisher(settings):
+    settings.OUTBOX_PUBLISHERS = {"odd": {"BACKEND": "collections.OrderedDict"}}
+    from outbox_app.checks import check_subscribers
+
+    [message] = check_subscribers()
+    assert "is not a Publisher subclass" in message.msg
+
+
+def test_handler_for_an_undefined_event_type_warns(handlers):
+    from outbox_app import handler
+    from outbox_app.checks import check_subscribers
+    from outbox_app.registry import unregister
+
+    handler("OrderPlacd", name="typo")(lambda event, context: None)
+    try:
+        [message] = check_subscribers()
+    finally:
+        unregister("typo")
+    assert (message.id, message.level) == ("outbox.W002", checks.WARNING)
+    assert "'OrderPlacd'" in message.msg
+
+
+def test_sqlite_with_celery_relays_warns(settings):
+    from django.db import connection
+
+    from outbox_app.checks import check_sqlite_relays
+
+    settings.OUTBOX_CELERY_WAKE = True
+    ids = [m.id for m in check_sqlite_relays()]
+    assert ids == (["outbox.W003"] if connection.vendor == "sqlite" else [])
+    settings.OUTBOX_CELERY_WAKE = False
+    assert check_sqlite_relays() == []
