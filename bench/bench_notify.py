@@ -19,7 +19,7 @@ import time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 

@@ -166,3 +166,14 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} -> {self.subscriber} [{self.state}]"
+
+
+class OutboxOverview(Notification):
+    """Puts the outbox overview on the admin index (``admin.OverviewAdmin``):
+    a reusable app reaches the index only through a registered model."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
+        default_permissions = ()

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .db import lock_skipping_locked
-from .states import CLAIMABLE, REQUEUEABLE, UNFINISHED, State
+from .states import CLAIMABLE, EXPIRABLE, REQUEUEABLE, RETRYABLE, UNFINISHED, State
 
 
 class OutboxEventQuerySet(QuerySet):
@@ -224,7 +224,7 @@ class NotificationQuerySet(QuerySet):
         """Make FAILED rows due now, keeping their attempt count."""
         now = timezone.now()
         return self._in_batches(
-            self.filter(state=State.FAILED),
+            self.filter(state__in=RETRYABLE),
             batch_size,
             next_retry_at=now,
             updated_at=now,
@@ -235,7 +235,7 @@ class NotificationQuerySet(QuerySet):
         their worker)."""
         now = timezone.now()
         return self._in_batches(
-            self.filter(state__in=(State.PENDING, State.FAILED)),
+            self.filter(state__in=EXPIRABLE),
             batch_size,
             state=State.EXPIRED,
             completed_at=now,

@@ -233,6 +233,16 @@ def publishers() -> list[Publisher]:
     return result
 
 
+def close_publishers() -> None:
+    """Close every publisher built so far and forget them (a relay shutting down;
+    tests changing ``OUTBOX_PUBLISHERS``)."""
+    with _lock:
+        built = list(_publishers.values())
+        _publishers.clear()
+    for publisher in built:
+        publisher.close()
+
+
 def subscribers(kind: Kind | None = None) -> list[Subscriber]:
     """Every subscriber, or only handlers / only publishers."""
     found: list[Subscriber] = []

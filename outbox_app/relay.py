@@ -179,7 +179,9 @@ def deliver(
                 subscriber, using, batch_size, now or timezone.now(), worker, rng, stop
             )
             report += batch
-            if batch.claimed == batch_size:
+            # A full batch may have more behind it; so may any batch of an
+            # ordered subscriber, which claims only each aggregate's head.
+            if batch.claimed == batch_size or (subscriber.ordered and batch.claimed):
                 still_busy.append(subscriber)
             if deadline is not None and time.monotonic() >= deadline:
                 return report

@@ -26,5 +26,9 @@ class State(models.TextChoices):
 CLAIMABLE = (State.PENDING, State.FAILED, State.RUNNING)
 #: These hold back later rows of the same aggregate for an ordered subscriber.
 UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED)
-#: An operator may requeue these.
+#: An operator may requeue these (-> PENDING, attempts reset).
 REQUEUEABLE = (State.FAILED, State.EXPIRED)
+#: An operator may make these due now, attempts kept.
+RETRYABLE = (State.FAILED,)
+#: An operator may stop retrying these (-> EXPIRED).
+EXPIRABLE = (State.PENDING, State.FAILED)

@@ -74,7 +74,7 @@ def purge_outbox(older_than_days: int | None = None) -> dict[str, Any]:
     ``older_than_days``), as ``manage.py outbox_purge`` does."""
     from .purge import purge
 
-    return dict(purge(older_than_days=older_than_days))
+    return purge(older_than_days=older_than_days).as_dict()
 
 
 def beat_schedule(

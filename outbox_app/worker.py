@@ -21,7 +21,7 @@ from django.db import close_old_connections, connections
 from .conf import outbox_settings
 from .db import Listener, single_relay_guard
 from .publishing import events_committed
-from .registry import Kind, publishers
+from .registry import Kind, close_publishers
 from .relay import RelayReport, relay_once
 
 logger = logging.getLogger("outbox_app.worker")
@@ -136,8 +136,7 @@ class RelayWorker:
                     idle_wait = self._idle(listener, idle_wait, deadline)
             finally:
                 events_committed.disconnect(listener.wake)
-                for publisher in publishers() if self.kind != "handler" else ():
-                    publisher.close()
+                close_publishers()
         logger.info("relay stopped %s", _fields(total))
         return total
 

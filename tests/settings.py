@@ -6,6 +6,7 @@
     DATABASE_URL=mysql://root@127.0.0.1:3306/outbox pytest
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -87,6 +88,7 @@ OUTBOX_RETRY_BASE_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_BASE", "1.0"
 OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0"))
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
 OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
+OUTBOX_PUBLISHERS = json.loads(os.environ.get("OUTBOX_TEST_PUBLISHERS", "{}"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

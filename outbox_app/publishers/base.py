@@ -28,6 +28,10 @@ from django.utils.module_loading import import_string
 from ..registry import WILDCARD, DeliveryContext, Kind, Subscriber
 
 DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
+#: Options every publisher understands; a backend adds its own.
+COMMON_OPTIONS = frozenset(
+    {"BACKEND", "EVENT_TYPES", "ORDERED", "MAX_ATTEMPTS", "ALIASES"}
+)
 
 
 class Publisher(Subscriber):

@@ -1,0 +1,112 @@
+"""Relay overhead per delivery: outbox_app's batched claim/confirm/mark against
+a one-row-per-transaction relay, measured in the same run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench \\
+        .venv/bin/python -m bench.bench_relay [--events 5000] [--rounds 3]
+
+Both relays deliver to a publisher that accepts everything at once (no broker),
+so the numbers are the database work of claiming and recording deliveries. The
+baseline is what most outbox libraries do: per row, a transaction that locks one
+due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported), sends it, marks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import os
+import statistics
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app.db import lock_skipping_locked  # noqa: E402
+from outbox_app.fanout import fan_out  # noqa: E402
+from outbox_app.publishers.base import Publisher  # noqa: E402
+from outbox_app.relay import deliver  # noqa: E402
+from outbox_app.states import State  # noqa: E402
+from tests.testapp.events import OrderPlaced  # noqa: E402
+
+
+class NullPublisher(Publisher):
+    def send_batch(self, messages):
+        return [None] * len(messages)
+
+
+def prepare(events: int, publisher: Publisher) -> None:
+    Notification.objects.all().delete()
+    OutboxEvent.objects.all().delete()
+    for start in range(0, events, 500):
+        with transaction.atomic():
+            publish(
+                *[
+                    OrderPlaced(order_id=i, total=decimal.Decimal(i))
+                    for i in range(start, min(events, start + 500))
+                ]
+            )
+    fan_out(subscribers=[publisher], batch_size=500)
+
+
+def batched(events: int, publisher: Publisher) -> float:
+    prepare(events, publisher)
+    started = time.perf_counter()
+    report = deliver([publisher], batch_size=500)
+    elapsed = time.perf_counter() - started
+    assert report.succeeded == events, report
+    return events / elapsed
+
+
+def one_row_per_transaction(events: int, publisher: Publisher) -> float:
+    prepare(events, publisher)
+    due = Notification.objects.filter(state=State.PENDING).order_by("id")
+    started = time.perf_counter()
+    done = 0
+    while True:
+        with transaction.atomic():
+            row = lock_skipping_locked(due.select_related("event")).first()
+            if row is None:
+                break
+            publisher.send_batch([row])
+            Notification.objects.filter(id=row.id).update(
+                state=State.SUCCEEDED, completed_at=timezone.now(), attempts=1
+            )
+            done += 1
+    elapsed = time.perf_counter() - started
+    assert done == events
+    return events / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    publisher = NullPublisher("bench-null", {})
+    rates: dict[str, list[float]] = {"one row per transaction": [], "outbox_app": []}
+    for _ in range(args.rounds):
+        rates["one row per transaction"].append(
+            one_row_per_transaction(args.events, publisher)
+        )
+        rates["outbox_app"].append(batched(args.events, publisher))
+    base = statistics.median(rates["one row per transaction"])
+    print(f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds")
+    print(f"{'relay':<26}{'deliveries/s (median)':>24}{'vs baseline':>13}")
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        print(f"{name:<26}{rate:>24.0f}{rate / base:>12.1f}x")
+    Notification.objects.all().delete()
+    OutboxEvent.objects.all().delete()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,859 @@
+"""The Django admin of the outbox: inspect events and deliveries, requeue them.
+
+Outbox events and notifications are read-only here: rows change state only
+through the actions below, which call ``outbox_app.operations`` and the
+querysets' transitions, and rows are deleted only by ``outbox_purge``. Every
+action needs the ``outbox_app.requeue_notification`` permission, reports with
+``message_user`` and leaves a ``LogEntry`` in the admin log.
+
+Besides the two model pages, the notification admin serves the outbox overview
+(``overview/``, and ``overview.json`` for scripts) and the "requeue everything
+matching the current filter" confirmation page (``requeue-matching/``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote
+from django.contrib.auth import get_permission_codename
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.db.models import Count, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from . import models as outbox_models
+from . import operations, status
+from .exceptions import OutboxError
+from .models import Notification, OutboxEvent
+from .states import State
+
+#: An action logs one LogEntry per row up to this many selected rows; beyond
+#: (or with "select all"), one LogEntry for the whole operation.
+LOG_EACH_MAX = 500
+
+
+# --- shared pieces ------------------------------------------------------------------
+
+
+def _pretty_json(value: Any):
+    """JSON indented in a <pre>, escaped (an event's payload is untrusted)."""
+    if value is None:
+        return "-"
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return format_html('<pre class="outbox-json">{}</pre>', text)
+
+
+def _pre(text: str):
+    if not text:
+        return "-"
+    return format_html('<pre class="outbox-text">{}</pre>', text)
+
+
+class _OutboxAdminMixin:
+    """Read-only pages plus the requeue permission and the admin log."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Rows are deleted by manage.py outbox_purge only.
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        """``outbox_app.requeue_notification``: requeue, retry, expire, replay."""
+        opts = Notification._meta
+        codename = get_permission_codename("requeue", opts)
+        return request.user.has_perm(f"{opts.app_label}.{codename}")
+
+    def _selection(self, request: HttpRequest) -> list[str] | None:
+        """The explicitly ticked primary keys, or None for "select all N"."""
+        if request.POST.get("select_across") in ("1", "True", "true", "on"):
+            return None
+        return request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+
+    def _log(
+        self,
+        request: HttpRequest,
+        model,
+        ids: list | None,
+        count: int,
+        message: str,
+    ) -> None:
+        """Record an operation in the admin log: one entry per row for a small
+        explicit selection, else one entry describing the whole operation."""
+        if ids is not None and len(ids) <= LOG_EACH_MAX:
+            if ids:
+                LogEntry.objects.log_actions(
+                    user_id=request.user.pk,
+                    queryset=model._default_manager.filter(pk__in=ids),
+                    action_flag=CHANGE,
+                    change_message=message,
+                )
+            return
+        filters = request.GET.urlencode()
+        opts = model._meta
+        name = opts.verbose_name if count == 1 else opts.verbose_name_plural
+        what = f"{count} {name}"
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(model).pk,
+            object_id=None,
+            object_repr=(f"{what} ({filters})" if filters else what)[:200],
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+
+# --- notifications ----------------------------------------------------------------
+
+
+@admin.register(Notification)
+class NotificationAdmin(_OutboxAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "event_link",
+        "subscriber",
+        "event_type",
+        "state",
+        "attempts",
+        "next_retry_at",
+        "last_error_type",
+        "short_error",
+    ]
+    list_display_links = ["id"]
+    list_filter = [
+        "state",
+        "subscriber",
+        "event_type",
+        "last_error_type",
+        "attempts",
+        ("next_retry_at", admin.DateFieldListFilter),
+    ]
+    search_fields = ["aggregate_id"]
+    search_help_text = gettext_lazy(
+        "Notification id, event id, aggregate id (exact) or words of the last error."
+    )
+    show_full_result_count = False
+    actions = ["requeue_selected", "retry_now", "mark_expired"]
+    readonly_fields = ["event_link", "error_text", "traceback_text"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "event_link",
+                    "subscriber",
+                    "event_type",
+                    "state",
+                    "attempts",
+                    "next_retry_at",
+                    "completed_at",
+                    "created_at",
+                    "updated_at",
+                ]
+            },
+        ),
+        (
+            gettext_lazy("Aggregate"),
+            {
+                "fields": [
+                    "aggregate_type",
+                    "aggregate_id",
+                    "aggregate_version",
+                    "tenant_id",
+                ]
+            },
+        ),
+        (
+            gettext_lazy("Last error"),
+            {
+                "fields": [
+                    "last_error_type",
+                    "first_failed_at",
+                    "error_text",
+                    "traceback_text",
+                ]
+            },
+        ),
+        (
+            gettext_lazy("Lease"),
+            {"fields": ["locked_by", "locked_until", "lease_token"]},
+        ),
+    ]
+
+    # --- columns and detail fields ---
+
+    @admin.display(description=gettext_lazy("event"), ordering="event_id")
+    def event_link(self, obj: Notification):
+        url = reverse(
+            f"{self.admin_site.name}:outbox_app_outboxevent_change",
+            args=[quote(obj.event_id)],
+        )
+        event_id = str(obj.event_id)
+        # UUIDv7: the leading (time) digits repeat from row to row; the tail tells
+        # events apart. The full id is the link's title.
+        return format_html(
+            '<a href="{}" title="{}">…{}</a>', url, event_id, event_id[-12:]
+        )
+
+    @admin.display(description=gettext_lazy("last error"))
+    def short_error(self, obj: Notification) -> str:
+        return Truncator(obj.last_error).chars(80)
+
+    @admin.display(description=gettext_lazy("error"))
+    def error_text(self, obj: Notification):
+        return _pre(obj.last_error)
+
+    @admin.display(description=gettext_lazy("traceback"))
+    def traceback_text(self, obj: Notification):
+        return _pre(obj.last_traceback)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        query = Q(aggregate_id=term) | Q(last_error__icontains=term)
+        if term.isdigit():
+            query |= Q(pk=int(term))
+        event_id = _as_uuid(term)
+        if event_id is not None:
+            query |= Q(event_id=event_id)
+        return queryset.filter(query), False
+
+    # --- actions ---
+
+    @admin.action(
+        permissions=["requeue"],
+        description=gettext_lazy("Requeue selected notifications (failed or expired)"),
+    )
+    def requeue_selected(self, request, queryset):
+        self._transition(
+            request,
+            queryset,
+            "requeue",
+            log=_("Requeued: due now, attempts reset."),
+            done=lambda n: ngettext(
+                "%(count)d notification was requeued.",
+                "%(count)d notifications were requeued.",
+                n,
+            ),
+            none=_(
+                "Nothing was requeued: only failed or expired notifications can be."
+            ),
+        )
+
+    @admin.action(
+        permissions=["requeue"],
+        description=gettext_lazy("Retry selected failed notifications now"),
+    )
+    def retry_now(self, request, queryset):
+        self._transition(
+            request,
+            queryset,
+            "retry_now",
+            log=_("Retry now: due now."),
+            done=lambda n: ngettext(
+                "%(count)d failed notification is due now.",
+                "%(count)d failed notifications are due now.",
+                n,
+            ),
+            none=_("Nothing to retry: only failed notifications can be retried now."),
+        )
+
+    @admin.action(
+        permissions=["requeue"],
+        description=gettext_lazy("Mark selected notifications expired (stop retrying)"),
+    )
+    def mark_expired(self, request, queryset):
+        self._transition(
+            request,
+            queryset,
+            "expire",
+            log=_("Marked expired: no more attempts."),
+            done=lambda n: ngettext(
+                "%(count)d notification was marked expired.",
+                "%(count)d notifications were marked expired.",
+                n,
+            ),
+            none=_(
+                "Nothing was marked expired: only pending or failed notifications "
+                "can be."
+            ),
+        )
+
+    def _transition(self, request, queryset, transition, *, log, done, none) -> None:
+        selection = self._selection(request)
+        logged = None
+        if selection is not None and len(selection) <= LOG_EACH_MAX:
+            logged = list(
+                operations.affected(queryset, transition).values_list("pk", flat=True)
+            )
+        count = operations.apply(queryset, transition)
+        if count:
+            self._log(request, Notification, logged, count, log)
+            skipped = len(selection) - count if selection is not None else 0
+            text = done(count) % {"count": count}
+            if skipped > 0:
+                text += " " + ngettext(
+                    "%(count)d selected notification was left as it was.",
+                    "%(count)d selected notifications were left as they were.",
+                    skipped,
+                ) % {"count": skipped}
+            self.message_user(request, text, messages.SUCCESS)
+        else:
+            self.message_user(request, none, messages.WARNING)
+
+    # --- extra pages ---
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "requeue-matching/",
+                wrap(self.requeue_matching_view),
+                name="{}_{}_requeue_matching".format(*info),
+            ),
+            path(
+                "overview/",
+                wrap(self.overview_view),
+                name=f"{info[0]}_overview",
+            ),
+            path(
+                "overview.json",
+                wrap(self.overview_json_view),
+                name=f"{info[0]}_overview_json",
+            ),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "has_requeue_permission": self.has_requeue_permission(request),
+            "overview_url": reverse(f"{self.admin_site.name}:outbox_app_overview"),
+            "requeue_matching_url": reverse(
+                f"{self.admin_site.name}:outbox_app_notification_requeue_matching"
+            ),
+        }
+        return super().changelist_view(request, extra_context)
+
+    def requeue_matching_view(self, request):
+        """Requeue every failed or expired notification the changelist's current
+        filters and search select: a confirmation page (GET), then the requeue in
+        batches (POST). The filters are the query string, as on the changelist."""
+        if not self.has_requeue_permission(request):
+            raise PermissionDenied
+        changelist_url = reverse(
+            f"{self.admin_site.name}:outbox_app_notification_changelist"
+        )
+        query = request.GET.urlencode()
+        back = f"{changelist_url}?{query}" if query else changelist_url
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            self.message_user(request, _("Unknown filter."), messages.ERROR)
+            return HttpResponseRedirect(changelist_url)
+        matching = changelist.get_queryset(request)
+        if request.method == "POST":
+            count = operations.requeue_matching(matching)
+            if count:
+                self._log(
+                    request,
+                    Notification,
+                    None,
+                    count,
+                    _(
+                        "Requeued everything matching the filter: due now, "
+                        "attempts reset."
+                    ),
+                )
+                self.message_user(
+                    request,
+                    ngettext(
+                        "%(count)d notification was requeued.",
+                        "%(count)d notifications were requeued.",
+                        count,
+                    )
+                    % {"count": count},
+                    messages.SUCCESS,
+                )
+            else:
+                self.message_user(
+                    request,
+                    _(
+                        "Nothing was requeued: no failed or expired "
+                        "notification matches."
+                    ),
+                    messages.WARNING,
+                )
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Requeue everything matching the filter"),
+            "opts": self.opts,
+            "requeueable": operations.requeue_matching(matching, dry_run=True),
+            "filters": [(k, v) for k, values in request.GET.lists() for v in values],
+            "changelist_back": back,
+        }
+        return TemplateResponse(
+            request, "admin/outbox_app/notification/requeue_matching.html", context
+        )
+
+    def overview_view(self, request):
+        """The outbox overview: per subscriber counts, lag, expired and blocked
+        rows, and a chart of deliveries per minute over 24 hours."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            data = status.overview()
+        except (OutboxError, ImproperlyConfigured) as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            data = None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Outbox overview"),
+            "opts": self.opts,
+            "data": data,
+            "rows": [_display_row(row) for row in data["subscribers"]] if data else [],
+            "lag": _duration(data["lag_seconds"]) if data else "",
+            "fanout_lag": _duration(data["oldest_undelivered_seconds"]) if data else "",
+            "chart": _chart(data["deliveries"]) if data else None,
+            "json_url": reverse(f"{self.admin_site.name}:outbox_app_overview_json"),
+            "changelist_url": reverse(
+                f"{self.admin_site.name}:outbox_app_notification_changelist"
+            ),
+        }
+        return TemplateResponse(request, "admin/outbox_app/overview.html", context)
+
+    def overview_json_view(self, request):
+        """The overview's numbers as JSON (:func:`outbox_app.status.overview`)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return JsonResponse(status.overview())
+
+
+def _display_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **row,
+        "lag": _duration(row["oldest_pending_seconds"]),
+        "state_counts": [row["states"][state] for state in State.values],
+        "filter_query": urlencode(
+            {"subscriber__exact": row["name"], "state__exact": State.EXPIRED}
+        ),
+    }
+
+
+def _duration(seconds: float | None) -> str:
+    """12.5 -> "12 s", 3725 -> "1 h 2 min"; None -> "-"."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+#: The chart's drawing: the SVG's viewBox units.
+_CHART = {"width": 960, "height": 240, "left": 48, "right": 24, "top": 12, "bottom": 28}
+
+
+def _chart(deliveries: dict[str, Any]) -> dict[str, Any]:
+    """Geometry of the deliveries-per-minute chart: one bar per minute, a scale
+    from 0 to the peak, a tick every three hours (UTC). Only numbers, so the SVG
+    needs no escaping."""
+    per_minute = deliveries["per_minute"]
+    peak = max(per_minute) or 1
+    left, top = _CHART["left"], _CHART["top"]
+    plot_w = _CHART["width"] - left - _CHART["right"]
+    plot_h = _CHART["height"] - top - _CHART["bottom"]
+    base = top + plot_h
+    step = plot_w / len(per_minute)
+    bars = " ".join(
+        f"M{left + (i + 0.5) * step:.2f} {base}V{base - n / peak * plot_h:.1f}"
+        for i, n in enumerate(per_minute)
+        if n
+    )
+    start = datetime.datetime.fromisoformat(deliveries["start"])
+    ticks = []
+    for minute in range(0, len(per_minute) + 1, 180):
+        moment = start + datetime.timedelta(minutes=minute)
+        ticks.append({"x": round(left + minute * step, 1), "label": f"{moment:%H:%M}"})
+    levels = [
+        {"y": round(base - fraction * plot_h, 1), "label": round(peak * fraction)}
+        for fraction in (0, 0.5, 1)
+    ]
+    return {
+        **_CHART,
+        "plot_right": left + plot_w,
+        "base": base,
+        "label_y": base + 18,
+        "bar_width": round(step, 3),
+        "bars": bars,
+        "ticks": ticks,
+        "levels": levels,
+        "total": deliveries["total"],
+        "peak": max(per_minute),
+    }
+
+
+def _as_uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+# --- outbox events ------------------------------------------------------------------
+
+
+class NotificationInline(admin.TabularInline):
+    """An event's deliveries, read-only, on the event's page."""
+
+    model = Notification
+    fields = [
+        "subscriber",
+        "state",
+        "attempts",
+        "next_retry_at",
+        "last_error_type",
+        "short_error",
+        "completed_at",
+    ]
+    readonly_fields = fields
+    ordering = ["subscriber"]
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description=gettext_lazy("last error"))
+    def short_error(self, obj: Notification) -> str:
+        return Truncator(obj.last_error).chars(120)
+
+
+def _deliveries(state: State):
+    rows = (
+        Notification.objects.filter(event=OuterRef("pk"), state=state)
+        .order_by()
+        .values("event")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(rows), Value(0))
+
+
+class ReplayForm(forms.Form):
+    subscriber = forms.ChoiceField(label=gettext_lazy("Subscriber"))
+
+    def __init__(self, *args, choices, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["subscriber"].choices = choices
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(_OutboxAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "type_or_action",
+        "aggregate",
+        "occurred_at",
+        "delivered",
+        "delivery_summary",
+    ]
+    list_filter = [
+        "event_type",
+        "aggregate_type",
+        "tenant_id",
+        "delivered",
+        ("occurred_at", admin.DateFieldListFilter),
+    ]
+    search_fields = ["aggregate_id"]
+    search_help_text = gettext_lazy(
+        "Event id, action id, aggregate id or correlation id (exact)."
+    )
+    show_full_result_count = False
+    actions = ["requeue_deliveries", "replay_to_subscriber"]
+    inlines = [NotificationInline]
+    readonly_fields = ["payload_pretty", "headers_pretty", "action_params_pretty"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "id",
+                    "namespace",
+                    "event_type",
+                    "revision",
+                    "occurred_at",
+                    "created_at",
+                    "delivered",
+                ]
+            },
+        ),
+        (
+            gettext_lazy("Aggregate"),
+            {
+                "fields": [
+                    "aggregate_type",
+                    "aggregate_id",
+                    "aggregate_version",
+                    "tenant_id",
+                ]
+            },
+        ),
+        (gettext_lazy("Payload"), {"fields": ["payload_pretty", "headers_pretty"]}),
+        (
+            gettext_lazy("Action"),
+            {"fields": ["action_id", "action_name", "action_params_pretty"]},
+        ),
+    ]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_succeeded=_deliveries(State.SUCCEEDED),
+                n_failed=_deliveries(State.FAILED),
+                n_expired=_deliveries(State.EXPIRED),
+            )
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "overview_url": reverse(f"{self.admin_site.name}:outbox_app_overview"),
+        }
+        return super().changelist_view(request, extra_context)
+
+    # --- columns and detail fields ---
+
+    @admin.display(description=gettext_lazy("event type"), ordering="event_type")
+    def type_or_action(self, obj: OutboxEvent) -> str:
+        if obj.is_sentinel:
+            return _("(nothing published by action %(name)s)") % {
+                "name": obj.action_name
+            }
+        return obj.event_type
+
+    @admin.display(description=gettext_lazy("aggregate"))
+    def aggregate(self, obj: OutboxEvent) -> str:
+        if obj.aggregate_type is None:
+            return "-"
+        version = "" if obj.aggregate_version is None else f" v{obj.aggregate_version}"
+        return f"{obj.aggregate_type}:{obj.aggregate_id}{version}"
+
+    @admin.display(description=gettext_lazy("deliveries ok / failed / expired"))
+    def delivery_summary(self, obj: OutboxEvent):
+        return format_html(
+            '<span title="{}">{} / {} / {}</span>',
+            _("succeeded / failed / expired"),
+            obj.n_succeeded,
+            obj.n_failed,
+            obj.n_expired,
+        )
+
+    @admin.display(description=gettext_lazy("payload"))
+    def payload_pretty(self, obj: OutboxEvent):
+        return _pretty_json(obj.payload)
+
+    @admin.display(description=gettext_lazy("headers"))
+    def headers_pretty(self, obj: OutboxEvent):
+        return _pretty_json(obj.headers)
+
+    @admin.display(description=gettext_lazy("action parameters"))
+    def action_params_pretty(self, obj: OutboxEvent):
+        return _pretty_json(obj.action_params)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        query = Q(aggregate_id=term) | Q(headers__correlation_id=term)
+        as_uuid = _as_uuid(term)
+        if as_uuid is not None:
+            query |= Q(pk=as_uuid) | Q(action_id=as_uuid)
+        return queryset.filter(query), False
+
+    # --- actions ---
+
+    @admin.action(
+        permissions=["requeue"],
+        description=gettext_lazy(
+            "Requeue all failed or expired deliveries of this event"
+        ),
+    )
+    def requeue_deliveries(self, request, queryset):
+        count = operations.requeue_deliveries(queryset)
+        if not count:
+            self.message_user(
+                request,
+                _(
+                    "Nothing was requeued: these events have no failed or "
+                    "expired delivery."
+                ),
+                messages.WARNING,
+            )
+            return
+        self._log(
+            request,
+            OutboxEvent,
+            self._selection(request),
+            count,
+            _("Requeued the failed and expired deliveries of this event."),
+        )
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d delivery was requeued.",
+                "%(count)d deliveries were requeued.",
+                count,
+            )
+            % {"count": count},
+            messages.SUCCESS,
+        )
+
+    @admin.action(
+        permissions=["requeue"], description=gettext_lazy("Replay to subscriber…")
+    )
+    def replay_to_subscriber(self, request, queryset):
+        """An intermediate page chooses the subscriber; its notification of each
+        selected event is created, or reset to PENDING."""
+        try:
+            choices = operations.subscriber_choices()
+        except ImproperlyConfigured as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return None
+        if not choices:
+            self.message_user(
+                request,
+                _(
+                    "No handler or publisher is configured: there is nobody "
+                    "to replay to."
+                ),
+                messages.WARNING,
+            )
+            return None
+        applying = "apply" in request.POST
+        form = ReplayForm(request.POST if applying else None, choices=choices)
+        if applying and form.is_valid():
+            name = form.cleaned_data["subscriber"]
+            try:
+                result = operations.replay_to(queryset, name)
+            except OutboxError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return None
+            self._log(
+                request,
+                OutboxEvent,
+                self._selection(request),
+                result.queued,
+                _("Replayed to subscriber %(name)s.") % {"name": name},
+            )
+            text = ngettext(
+                "%(count)d delivery to %(name)s is due now",
+                "%(count)d deliveries to %(name)s are due now",
+                result.queued,
+            ) % {"count": result.queued, "name": name}
+            text += " " + _(
+                "(%(created)d new, %(reset)d reset, %(skipped)d skipped)."
+            ) % {
+                "created": result.created,
+                "reset": result.reset,
+                "skipped": result.skipped,
+            }
+            level = messages.SUCCESS if result.queued else messages.WARNING
+            self.message_user(request, text, level)
+            return None
+        selection = self._selection(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Replay to a subscriber"),
+            "opts": self.opts,
+            "form": form,
+            "count": queryset.count(),
+            "preview": queryset.only("id", "event_type", "action_name")[:20],
+            "selected": selection or [],
+            "select_across": selection is None,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": "replay_to_subscriber",
+        }
+        return TemplateResponse(
+            request, "admin/outbox_app/outboxevent/replay.html", context
+        )
+
+
+# --- the overview on the admin index ------------------------------------------------
+
+
+class OverviewAdmin(admin.ModelAdmin):
+    """Lists "Overview" under Outbox on the admin index: its page is the outbox
+    overview. Registered for the ``OutboxOverview`` proxy model when the app
+    defines it (a proxy model is the admin index's way to list a page)."""
+
+    def has_module_permission(self, request) -> bool:
+        return self.has_view_permission(request)
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        opts = Notification._meta
+        return any(
+            request.user.has_perm(
+                f"{opts.app_label}.{get_permission_codename(perm, opts)}"
+            )
+            for perm in ("view", "change")
+        )
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:outbox_app_overview")
+        )
+
+
+_overview_model = getattr(outbox_models, "OutboxOverview", None)
+if _overview_model is not None:  # pragma: no branch - depends on models.py
+    admin.site.register(_overview_model, OverviewAdmin)

@@ -1,0 +1,105 @@
+"""``manage.py outbox_requeue``: the admin's "Requeue" from a shell."""
+
+from __future__ import annotations
+
+import datetime
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from outbox_app import operations
+from outbox_app.exceptions import OutboxError
+from outbox_app.states import REQUEUEABLE, State
+
+
+def _moment(text: str) -> datetime.datetime:
+    """An ISO date (midnight, current time zone) or date-time; naive values are
+    taken in the current time zone."""
+    moment = parse_datetime(text)
+    if moment is None:
+        day = parse_date(text)
+        if day is None:
+            raise ValueError(text)
+        moment = datetime.datetime.combine(day, datetime.time())
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment)
+    return moment
+
+
+_moment.__name__ = "date"
+
+
+class Command(BaseCommand):
+    help = (
+        "Requeue a subscriber's failed and/or expired notifications: they become "
+        "PENDING and due now, with their attempts reset; the last error is kept "
+        "as history until the next attempt. Works in batches, so any number of "
+        "rows is fine. The same as the admin's 'Requeue' action."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--subscriber",
+            required=True,
+            metavar="NAME",
+            help="The handler's or publisher's name (or a former name listed in "
+            "its aliases), as the admin and outbox_status show it.",
+        )
+        parser.add_argument(
+            "--state",
+            choices=[str(s) for s in REQUEUEABLE],
+            help="Only EXPIRED or only FAILED notifications (default: both).",
+        )
+        parser.add_argument(
+            "--error-type",
+            metavar="PATH",
+            help="Only notifications whose last error has this exact dotted type, "
+            "e.g. builtins.ConnectionError or kombu.exceptions.OperationalError.",
+        )
+        parser.add_argument(
+            "--since",
+            type=_moment,
+            metavar="DATE",
+            help="Only notifications that last failed (or changed) at or after "
+            "DATE: 2025-01-31 or 2025-01-31T14:00 (current time zone) or with "
+            "an offset, 2025-01-31T14:00+00:00.",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Count the notifications that would be requeued; change nothing.",
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="Database alias (default: %(default)s).",
+        )
+
+    def handle(self, *args, **options):
+        states = [State(options["state"])] if options["state"] else REQUEUEABLE
+        try:
+            rows = operations.notifications_matching(
+                subscriber=options["subscriber"],
+                states=states,
+                error_type=options["error_type"],
+                since=options["since"],
+                using=options["database"],
+            )
+            count = operations.requeue_matching(rows, dry_run=options["dry_run"])
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        what = "/".join(str(s) for s in states)
+        noun = "notification" if count == 1 else "notifications"
+        if options["dry_run"]:
+            self.stdout.write(
+                f"Would requeue {count} {what} {noun} of {options['subscriber']} "
+                "(dry run: nothing changed)."
+            )
+        else:
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"Requeued {count} {what} {noun} of {options['subscriber']}."
+                )
+            )

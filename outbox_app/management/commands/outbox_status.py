@@ -1,0 +1,138 @@
+"""``manage.py outbox_status``: the outbox overview in a terminal, and a health
+check: the exit status is non-zero when a threshold is crossed."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from outbox_app import status
+from outbox_app.exceptions import OutboxError
+from outbox_app.states import State
+
+#: Exit status when a --max-* threshold is crossed (1 is any other failure).
+UNHEALTHY = 2
+
+
+def _non_negative(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the outbox: per subscriber, notifications by state, the lag (age of "
+        "the oldest delivery still waiting), expired notifications, aggregates an "
+        "expired delivery blocks, events waiting for fan-out and deliveries in the "
+        "last 24 hours. With --max-lag / --max-expired it is a health check: the "
+        f"exit status is {UNHEALTHY} when a threshold is crossed, 1 when the "
+        "outbox cannot be read, 0 otherwise."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print the numbers as one JSON object (the admin's overview.json "
+            "plus a 'problems' list) instead of a table.",
+        )
+        parser.add_argument(
+            "--max-lag",
+            type=_non_negative(float),
+            metavar="SECONDS",
+            help="Unhealthy when the oldest waiting delivery (or event waiting "
+            "for fan-out) is older than this many seconds.",
+        )
+        parser.add_argument(
+            "--max-expired",
+            type=_non_negative(int),
+            metavar="N",
+            help="Unhealthy when more than N notifications are EXPIRED.",
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="Database alias to read (default: %(default)s).",
+        )
+
+    def handle(self, *args, **options):
+        try:
+            data = status.overview(using=options["database"])
+        except (OutboxError, ImproperlyConfigured, DatabaseError) as exc:
+            raise CommandError(f"cannot read the outbox: {exc}") from exc
+        problems = status.problems(
+            data, max_lag=options["max_lag"], max_expired=options["max_expired"]
+        )
+        if options["json"]:
+            self.stdout.write(json.dumps({**data, "problems": problems}, indent=2))
+        else:
+            self._table(data, problems)
+        if problems:
+            raise CommandError("; ".join(problems), returncode=UNHEALTHY)
+
+    def _table(self, data, problems) -> None:
+        write = self.stdout.write
+        columns = ["subscriber", "kind", *(s.lower() for s in State.values)]
+        columns += ["lag", "blocked"]
+        rows = []
+        for row in data["subscribers"]:
+            kind = row["kind"] or "unregistered"
+            if row["ordered"]:
+                kind += ",ordered"
+            blocked = row["blocked_aggregates"]
+            rows.append(
+                [
+                    row["name"],
+                    kind,
+                    *(str(row["states"][s]) for s in State.values),
+                    _seconds(row["oldest_pending_seconds"]),
+                    "-" if blocked is None else str(blocked),
+                ]
+            )
+        if rows:
+            widths = [
+                max(len(columns[i]), *(len(r[i]) for r in rows))
+                for i in range(len(columns))
+            ]
+            line = "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(columns, widths, strict=True))
+            )
+            write(self.style.MIGRATE_HEADING(line))
+            for r in rows:
+                write(
+                    "  ".join(
+                        c.ljust(w) if i < 2 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths, strict=True))
+                    )
+                )
+        else:
+            write("No handler or publisher is configured and no notification exists.")
+        write("")
+        write(f"lag:                 {_seconds(data['lag_seconds'])}")
+        write(f"expired:             {data['expired']}")
+        write(f"blocked aggregates:  {data['blocked_aggregates']}")
+        undelivered = data["undelivered_events"]
+        oldest = data["oldest_undelivered_seconds"]
+        suffix = "" if oldest is None else f" (oldest subscribed: {_seconds(oldest)})"
+        write(f"awaiting fan-out:    {undelivered} events{suffix}")
+        deliveries = data["deliveries"]
+        write(
+            f"delivered in 24 h:   {deliveries['total']} "
+            f"(peak {deliveries['peak']}/min)"
+        )
+        for problem in problems:
+            write(self.style.ERROR(f"UNHEALTHY: {problem}"))
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"

@@ -1,0 +1,276 @@
+"""Operators' operations on notifications: what the admin actions and
+``manage.py outbox_requeue`` do, beyond the transitions of ``querysets.py``.
+
+Every function takes querysets and works in bounded batches, so it behaves the
+same on ten rows and on a million, and never loads the rows themselves: the
+admin's "Requeue everything matching the current filter" on 100,000 rows holds
+one batch of ids in memory at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from . import registry
+from .models import Notification
+from .states import EXPIRABLE, REQUEUEABLE, RETRYABLE, State
+
+#: Rows one operation handles per statement.
+DEFAULT_BATCH_SIZE = 1000
+
+#: The rows each operator's transition changes (the rest are left alone), as in
+#: ``NotificationQuerySet.requeue()`` / ``retry_now()`` / ``expire()``.
+TRANSITION_STATES: dict[str, tuple[State, ...]] = {
+    "requeue": REQUEUEABLE,
+    "retry_now": RETRYABLE,
+    "expire": EXPIRABLE,
+}
+
+
+def affected(notifications: QuerySet, transition: str) -> QuerySet:
+    """The rows of ``notifications`` that ``transition`` would change.
+
+    Args:
+        notifications: a Notification queryset.
+        transition: ``"requeue"``, ``"retry_now"`` or ``"expire"``.
+    """
+    return notifications.filter(state__in=TRANSITION_STATES[transition])
+
+
+def apply(
+    notifications: QuerySet,
+    transition: str,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Run one operator's transition on ``notifications``, in batches.
+
+    Args:
+        notifications: a Notification queryset (any filter; its ordering and
+            slicing are ignored).
+        transition: ``"requeue"`` (FAILED/EXPIRED -> PENDING, due now, attempts
+            reset), ``"retry_now"`` (FAILED rows due now) or ``"expire"``
+            (PENDING/FAILED -> EXPIRED).
+        batch_size: rows per UPDATE.
+        dry_run: count the rows it would change, change nothing.
+
+    Returns:
+        Rows changed (or, with ``dry_run``, that would be).
+    """
+    if transition not in TRANSITION_STATES:
+        raise ValueError(f"unknown transition {transition!r}")
+    if dry_run:
+        return affected(notifications, transition).count()
+    return getattr(notifications, transition)(batch_size)
+
+
+def requeue_matching(
+    notifications: QuerySet,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Requeue every FAILED/EXPIRED row of ``notifications``, in batches.
+
+    Returns:
+        Rows requeued (or, with ``dry_run``, that would be).
+    """
+    return apply(notifications, "requeue", batch_size=batch_size, dry_run=dry_run)
+
+
+def requeue_deliveries(
+    events: QuerySet, *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> int:
+    """Requeue the FAILED/EXPIRED deliveries of the outbox events ``events``.
+
+    Returns:
+        Notifications requeued.
+    """
+    return (
+        Notification.objects.using(events.db)
+        .filter(event__in=events.values("id"))
+        .requeue(batch_size)
+    )
+
+
+def notifications_matching(
+    *,
+    subscriber: str,
+    states: Iterable[str] = REQUEUEABLE,
+    error_type: str | None = None,
+    since: datetime.datetime | None = None,
+    using: str = "default",
+) -> QuerySet:
+    """The notifications ``manage.py outbox_requeue`` selects.
+
+    Args:
+        subscriber: a handler's or publisher's name (or a former name, an alias):
+            rows stored under any of its names match.
+        states: states to match; FAILED and EXPIRED by default.
+        error_type: only rows whose ``last_error_type`` is exactly this dotted
+            path (``"builtins.ConnectionError"``).
+        since: only rows whose last failure (or last change) is at or after this
+            time (``updated_at``).
+        using: database alias.
+
+    Raises:
+        UnknownSubscriber: no registered handler or configured publisher has that
+            name.
+    """
+    names = registry.get(subscriber).stored_names
+    rows = Notification.objects.using(using).for_subscribers(names)
+    rows = rows.filter(state__in=list(states))
+    if error_type:
+        rows = rows.filter(last_error_type=error_type)
+    if since is not None:
+        rows = rows.filter(updated_at__gte=since)
+    return rows
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What :func:`replay_to` did.
+
+    Attributes:
+        created: notifications created (the subscriber had none for the event).
+        reset: existing notifications put back to PENDING.
+        skipped: events left alone: sentinels, types the subscriber does not
+            receive, and deliveries a worker is running right now.
+    """
+
+    created: int = 0
+    reset: int = 0
+    skipped: int = 0
+
+    @property
+    def queued(self) -> int:
+        """Deliveries now due: created plus reset."""
+        return self.created + self.reset
+
+
+_EVENT_FIELDS = (
+    "id",
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "tenant_id",
+)
+
+
+def replay_to(
+    events: QuerySet,
+    subscriber_name: str,
+    *,
+    batch_size: int = 500,
+) -> ReplayResult:
+    """Deliver ``events`` (again) to one subscriber: create its notification, or
+    reset the existing one (whatever its state but RUNNING) to PENDING, due now,
+    attempts reset. The last error is kept as history.
+
+    This is how a handler deployed after events were published is backfilled, and
+    how one subscriber gets events again (a consumer that lost its data).
+
+    Args:
+        events: an OutboxEvent queryset; sentinels and events of types the
+            subscriber does not receive are skipped.
+        subscriber_name: a handler's or publisher's name, or one of its aliases.
+        batch_size: events per transaction.
+
+    Returns:
+        A :class:`ReplayResult`.
+
+    Raises:
+        UnknownSubscriber: no handler or publisher has that name.
+    """
+    subscriber = registry.get(subscriber_name)
+    names = subscriber.stored_names
+    alias = events.db
+    rows = Notification.objects.using(alias)
+    base = events.order_by("id").values_list(*_EVENT_FIELDS)
+    created = reset = skipped = 0
+    last_id = None
+    while True:
+        page = base if last_id is None else base.filter(id__gt=last_id)
+        batch = list(page[:batch_size])
+        if not batch:
+            return ReplayResult(created, reset, skipped)
+        last_id = batch[-1][0]
+        wanted = {
+            row[0]: row
+            for row in batch
+            if row[1] is not None and subscriber.receives(row[1])
+        }
+        skipped += len(batch) - len(wanted)
+        if not wanted:
+            continue
+        with transaction.atomic(using=alias):
+            now = timezone.now()
+            existing = rows.filter(event_id__in=list(wanted), subscriber__in=names)
+            existing_ids = set(existing.values_list("event_id", flat=True))
+            done = existing.exclude(state=State.RUNNING).update(
+                state=State.PENDING,
+                attempts=0,
+                next_retry_at=now,
+                completed_at=None,
+                locked_until=None,
+                lease_token=None,
+                locked_by="",
+                updated_at=now,
+            )
+            reset += done
+            skipped += len(existing_ids) - done
+            new = [
+                Notification(
+                    event_id=event_id,
+                    subscriber=subscriber.name,
+                    event_type=event_type,
+                    aggregate_type=aggregate_type,
+                    aggregate_id=aggregate_id,
+                    aggregate_version=aggregate_version,
+                    tenant_id=tenant_id,
+                    next_retry_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for (
+                    event_id,
+                    event_type,
+                    aggregate_type,
+                    aggregate_id,
+                    aggregate_version,
+                    tenant_id,
+                ) in wanted.values()
+                if event_id not in existing_ids
+            ]
+            rows.bulk_create(new, ignore_conflicts=True)
+            created += len(new)
+
+
+def subscriber_choices() -> list[tuple[str, str]]:
+    """``(name, label)`` of every handler and publisher, for a form's choices."""
+    return [
+        (s.name, f"{s.name} ({s.kind}{', ordered' if s.ordered else ''})")
+        for s in sorted(registry.subscribers(), key=lambda s: s.name)
+    ]
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "TRANSITION_STATES",
+    "ReplayResult",
+    "affected",
+    "apply",
+    "notifications_matching",
+    "replay_to",
+    "requeue_deliveries",
+    "requeue_matching",
+    "subscriber_choices",
+]

@@ -1,0 +1,119 @@
+"""The wire format: one outbox event as a CloudEvents 1.0 JSON envelope.
+
+Publishers send events in the CloudEvents *structured content mode*: the whole
+event, attributes and data, is one JSON document and the message's content type
+is :data:`CONTENT_TYPE` (CloudEvents JSON Event Format, section 3,
+https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/formats/json-format.md).
+
+The envelope of an ``OrderPlaced`` event published for ``shop.Order`` 42::
+
+    {
+      "specversion": "1.0",
+      "id": "0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10",
+      "source": "shop",
+      "type": "OrderPlaced",
+      "subject": "42",
+      "time": "2025-06-01T12:00:00.123456Z",
+      "datacontenttype": "application/json",
+      "data": {"order_id": 42, "total": "19.90"},
+      "revision": 1,
+      "aggregatetype": "shop.Order",
+      "aggregateversion": 3,
+      "tenantid": "acme",
+      "actionid": "0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01",
+      "correlationid": "req-7f3a",
+      "causationid": "0190b6f0-6d2a-7000-8000-000000000001"
+    }
+
+Attributes whose value is absent (no aggregate, no tenant, no header) are left
+out rather than sent as ``null``: the spec (core, "Type System") says an
+attribute either has a value or is absent.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ..registry import DeliveryContext
+
+SPECVERSION = "1.0"
+#: The message content type of a structured-mode CloudEvent in JSON.
+CONTENT_TYPE = "application/cloudevents+json"
+#: The content type of ``data``: the stored payload is JSON.
+DATA_CONTENT_TYPE = "application/json"
+
+#: Extension attributes taken from ``DeliveryContext.headers``: header key to
+#: attribute name. Extension names are lowercase ASCII letters and digits only
+#: (CloudEvents core spec, "Attribute Naming Convention"), hence no underscores.
+HEADER_EXTENSIONS = {
+    "correlation_id": "correlationid",
+    "causation_id": "causationid",
+}
+
+
+def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
+    """Build the CloudEvents 1.0 structured-mode envelope of one delivery.
+
+    Context attributes (CloudEvents core spec v1.0.2,
+    https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/spec.md):
+
+    * required: ``specversion`` ``"1.0"``; ``id`` the outbox event id (UUIDv7 as
+      text; unique per ``source``, so consumers deduplicate on it); ``source``
+      the namespace (``OUTBOX_NAMESPACE``); ``type`` the event type.
+    * optional: ``subject`` the aggregate id; ``time`` when the event was
+      published, RFC 3339 in UTC (``...Z``); ``datacontenttype``
+      ``"application/json"``; ``data`` the stored payload.
+    * extensions (outbox_app's own): ``revision`` (int, payload schema
+      version), ``aggregatetype`` (model label), ``aggregateversion`` (int),
+      ``tenantid``, ``actionid``, and ``correlationid`` / ``causationid`` from
+      the ``correlation_id`` / ``causation_id`` headers. Other headers are not
+      part of the envelope.
+
+    Absent values are omitted, never ``null``.
+
+    Args:
+        context: the delivery; only the event's fields are used (not
+            ``attempt``, ``subscriber`` or ``notification_id``, so a redelivery
+            is byte-for-byte the same event).
+
+    Returns:
+        A dict of JSON types, ready for ``json.dumps``.
+
+    Raises:
+        ValueError: no event type (an action's sentinel row is not an event).
+    """
+    if not context.event_type:
+        raise ValueError(f"outbox event {context.event_id} has no event type")
+    envelope: dict[str, Any] = {
+        "specversion": SPECVERSION,
+        "id": str(context.event_id),
+        "source": context.namespace,
+        "type": context.event_type,
+        "subject": context.aggregate_id,
+        "time": rfc3339(context.occurred_at),
+        "datacontenttype": DATA_CONTENT_TYPE,
+        "data": context.payload,
+        "revision": context.revision,
+        "aggregatetype": context.aggregate_type,
+        "aggregateversion": context.aggregate_version,
+        "tenantid": context.tenant_id,
+        "actionid": None if context.action_id is None else str(context.action_id),
+    }
+    headers = context.headers or {}
+    for key, attribute in HEADER_EXTENSIONS.items():
+        value = headers.get(key)
+        envelope[attribute] = None if value is None else str(value)
+    return {name: value for name, value in envelope.items() if value is not None}
+
+
+def rfc3339(moment: datetime.datetime) -> str:
+    """``moment`` as an RFC 3339 UTC timestamp, e.g. ``2025-06-01T12:00:00.500000Z``.
+
+    A naive datetime is taken to be UTC (Django stores UTC when ``USE_TZ``).
+    Microseconds are kept when present.
+    """
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    text = moment.astimezone(datetime.UTC).isoformat()
+    return text.removesuffix("+00:00") + "Z"

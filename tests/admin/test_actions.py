@@ -1,0 +1,297 @@
+"""Admin actions through the test client: what they change, who may run them, and
+what the admin log records."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.urls import reverse
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent
+from outbox_app.states import State
+from tests.ops.factories import events, notification
+
+pytestmark = pytest.mark.django_db
+
+NOTIFICATIONS = reverse("admin:outbox_app_notification_changelist")
+EVENTS = reverse("admin:outbox_app_outboxevent_changelist")
+REQUEUE_MATCHING = reverse("admin:outbox_app_notification_requeue_matching")
+
+
+def run_action(client, url, action, rows, **extra):
+    data = {
+        "action": action,
+        "index": "0",
+        ACTION_CHECKBOX_NAME: [r.pk for r in rows],
+        **extra,
+    }
+    return client.post(url, data, follow=True)
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def reload(*rows):
+    return [type(r).objects.get(pk=r.pk) for r in rows]
+
+
+@pytest.fixture
+def rows():
+    event = events(1)[0]
+    return {
+        state: notification(event, f"sub-{state.lower()}", state)
+        for state in (State.PENDING, State.FAILED, State.EXPIRED, State.SUCCEEDED)
+    }
+
+
+def test_requeue_selected__failed_and_expired_become_pending(admin_client, rows):
+    before = timezone.now()
+    response = run_action(
+        admin_client, NOTIFICATIONS, "requeue_selected", rows.values()
+    )
+
+    assert response.status_code == 200
+    assert messages_of(response) == [
+        "2 notifications were requeued. "
+        "2 selected notifications were left as they were."
+    ]
+    failed, expired, pending, succeeded = reload(
+        rows[State.FAILED],
+        rows[State.EXPIRED],
+        rows[State.PENDING],
+        rows[State.SUCCEEDED],
+    )
+    for row in (failed, expired):
+        assert row.state == State.PENDING
+        assert row.attempts == 0
+        assert before <= row.next_retry_at <= timezone.now()
+        assert row.last_error == "broker down"
+    assert pending.state == State.PENDING
+    assert succeeded.state == State.SUCCEEDED
+
+
+def test_requeue_selected__logs_one_entry_per_requeued_row(admin_client, rows):
+    run_action(admin_client, NOTIFICATIONS, "requeue_selected", rows.values())
+    entries = LogEntry.objects.filter(
+        content_type=ContentType.objects.get_for_model(Notification)
+    )
+    assert sorted(int(e.object_id) for e in entries) == sorted(
+        [rows[State.FAILED].pk, rows[State.EXPIRED].pk]
+    )
+    entry = entries.first()
+    assert entry.action_flag == CHANGE
+    assert entry.user.username == "admin"
+    assert entry.get_change_message() == "Requeued: due now, attempts reset."
+
+
+def test_requeue_selected__nothing_requeueable_is_a_warning(admin_client, rows):
+    response = run_action(
+        admin_client, NOTIFICATIONS, "requeue_selected", [rows[State.PENDING]]
+    )
+    assert messages_of(response) == [
+        "Nothing was requeued: only failed or expired notifications can be."
+    ]
+    assert not LogEntry.objects.exists()
+
+
+def test_retry_now__failed_rows_due_now_attempts_kept(admin_client, rows):
+    response = run_action(admin_client, NOTIFICATIONS, "retry_now", rows.values())
+    assert messages_of(response)[0].startswith("1 failed notification is due now.")
+    (failed, expired) = reload(rows[State.FAILED], rows[State.EXPIRED])
+    assert failed.state == State.FAILED
+    assert failed.attempts == 3
+    assert failed.next_retry_at <= timezone.now()
+    assert expired.state == State.EXPIRED
+    assert LogEntry.objects.get().object_id == str(failed.pk)
+
+
+def test_mark_expired__pending_and_failed_stop(admin_client, rows):
+    response = run_action(admin_client, NOTIFICATIONS, "mark_expired", rows.values())
+    assert messages_of(response)[0].startswith("2 notifications were marked expired.")
+    pending, failed, succeeded = reload(
+        rows[State.PENDING], rows[State.FAILED], rows[State.SUCCEEDED]
+    )
+    assert (pending.state, failed.state) == (State.EXPIRED, State.EXPIRED)
+    assert succeeded.state == State.SUCCEEDED
+    assert LogEntry.objects.count() == 2
+
+
+def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client):
+    event_rows = events(3)
+    expired = [notification(e, "a", State.EXPIRED) for e in event_rows]
+    other = notification(event_rows[0], "b", State.EXPIRED)
+    response = run_action(
+        admin_client,
+        f"{NOTIFICATIONS}?subscriber__exact=a",
+        "requeue_selected",
+        expired[:1],
+        select_across="1",
+    )
+    assert messages_of(response) == ["3 notifications were requeued."]
+    assert {r.state for r in reload(*expired)} == {State.PENDING}
+    assert reload(other)[0].state == State.EXPIRED
+    entry = LogEntry.objects.get()
+    assert entry.object_id is None
+    assert entry.object_repr == "3 notifications (subscriber__exact=a)"
+
+
+def test_requeue_matching__confirms_then_requeues_only_the_filter(operator_client):
+    event_rows = events(3)
+    matching = [notification(e, "a", State.EXPIRED) for e in event_rows]
+    failed = notification(event_rows[0], "b", State.FAILED)
+    query = "?state__exact=EXPIRED&subscriber__exact=a"
+
+    page = operator_client.get(REQUEUE_MATCHING + query)
+    assert page.status_code == 200
+    assert page.context["requeueable"] == 3
+    assert b"3 failed or expired notifications match" in page.content
+    assert {r.state for r in reload(*matching)} == {
+        State.EXPIRED
+    }  # GET changes nothing
+
+    response = operator_client.post(REQUEUE_MATCHING + query)
+    assert response.status_code == 302
+    assert response["Location"] == NOTIFICATIONS + query
+    assert {r.state for r in reload(*matching)} == {State.PENDING}
+    assert reload(failed)[0].state == State.FAILED
+    entry = LogEntry.objects.get()
+    assert entry.user.username == "operator"
+    assert entry.object_repr.startswith("3 notifications (")
+
+
+def test_requeue_matching__the_changelist_links_to_it_with_its_filter(operator_client):
+    response = operator_client.get(NOTIFICATIONS + "?state__exact=EXPIRED")
+    assert (
+        f'href="{REQUEUE_MATCHING}?state__exact=EXPIRED"'.encode() in response.content
+    )
+
+
+def test_requeue_matching__unknown_filter_goes_back(admin_client):
+    response = admin_client.get(REQUEUE_MATCHING + "?nonsense__exact=1")
+    assert response.status_code == 302
+    assert response["Location"] == NOTIFICATIONS
+
+
+# --- outbox events ----------------------------------------------------------------
+
+
+def test_requeue_deliveries__of_the_selected_events(admin_client):
+    first, second = events(2)
+    a = notification(first, "a", State.EXPIRED)
+    b = notification(first, "b", State.FAILED)
+    c = notification(second, "a", State.EXPIRED)
+    response = run_action(admin_client, EVENTS, "requeue_deliveries", [first])
+    assert messages_of(response) == ["2 deliveries were requeued."]
+    assert [r.state for r in reload(a, b, c)] == [
+        State.PENDING,
+        State.PENDING,
+        State.EXPIRED,
+    ]
+    entry = LogEntry.objects.get()
+    assert entry.object_id == str(first.pk)
+    assert entry.content_type.model_class() is OutboxEvent
+
+
+def test_replay__intermediate_page_then_replays(admin_client, replay_target):
+    fresh, done = events(2)
+    succeeded = notification(done, replay_target, State.SUCCEEDED)
+
+    page = run_action(admin_client, EVENTS, "replay_to_subscriber", [fresh, done])
+    assert page.status_code == 200
+    assert page.templates[0].name == "admin/outbox_app/outboxevent/replay.html"
+    assert replay_target.encode() in page.content
+    assert not Notification.objects.filter(event=fresh).exists()
+
+    response = run_action(
+        admin_client,
+        EVENTS,
+        "replay_to_subscriber",
+        [fresh, done],
+        apply="1",
+        subscriber=replay_target,
+    )
+    assert messages_of(response) == [
+        "2 deliveries to late.handler are due now (1 new, 1 reset, 0 skipped)."
+    ]
+    created = Notification.objects.get(event=fresh)
+    assert (created.subscriber, created.state) == (replay_target, State.PENDING)
+    assert reload(succeeded)[0].state == State.PENDING
+    assert LogEntry.objects.count() == 2
+    assert LogEntry.objects.first().get_change_message() == (
+        "Replayed to subscriber late.handler."
+    )
+
+
+def test_replay__an_invalid_choice_shows_the_form_again(admin_client, replay_target):
+    event = events(1)[0]
+    page = run_action(
+        admin_client, EVENTS, "replay_to_subscriber", [event], apply="1", subscriber="x"
+    )
+    assert page.status_code == 200
+    assert "subscriber" in page.context["form"].errors
+    assert not Notification.objects.exists()
+
+
+def test_replay__without_subscribers_says_so(admin_client):
+    event = events(1)[0]
+    response = run_action(admin_client, EVENTS, "replay_to_subscriber", [event])
+    assert messages_of(response) == [
+        "No handler or publisher is configured: there is nobody to replay to."
+    ]
+
+
+# --- permissions --------------------------------------------------------------------
+
+
+def test_viewer__sees_no_actions(viewer_client, rows):
+    page = viewer_client.get(NOTIFICATIONS)
+    assert page.status_code == 200
+    assert b"requeue_selected" not in page.content
+    assert REQUEUE_MATCHING.encode() not in page.content
+    assert viewer_client.get(EVENTS).status_code == 200
+    assert b"replay_to_subscriber" not in viewer_client.get(EVENTS).content
+
+
+def test_viewer__cannot_run_actions(viewer_client, rows, replay_target):
+    event = rows[State.EXPIRED].event
+    for url, action, selection in [
+        (NOTIFICATIONS, "requeue_selected", rows.values()),
+        (NOTIFICATIONS, "retry_now", rows.values()),
+        (NOTIFICATIONS, "mark_expired", rows.values()),
+        (EVENTS, "requeue_deliveries", [event]),
+    ]:
+        response = run_action(viewer_client, url, action, selection)
+        assert response.status_code == 200  # the list again, nothing run
+        assert messages_of(response) == []
+    response = run_action(
+        viewer_client,
+        EVENTS,
+        "replay_to_subscriber",
+        [event],
+        apply="1",
+        subscriber=replay_target,
+    )
+    assert messages_of(response) == []
+    assert viewer_client.get(REQUEUE_MATCHING).status_code == 403
+    assert viewer_client.post(REQUEUE_MATCHING).status_code == 403
+    assert [r.state for r in reload(*rows.values())] == list(rows)
+    assert not LogEntry.objects.exists()
+
+
+def test_operator__may_run_actions(operator_client, rows):
+    response = run_action(
+        operator_client, NOTIFICATIONS, "requeue_selected", [rows[State.EXPIRED]]
+    )
+    assert messages_of(response) == ["1 notification was requeued."]
+
+
+def test_non_staff__is_sent_to_the_login_page(client, django_user_model):
+    user = django_user_model.objects.create_user("visitor")
+    client.force_login(user)
+    response = client.get(REQUEUE_MATCHING)
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]

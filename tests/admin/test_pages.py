@@ -1,0 +1,272 @@
+"""Admin pages: lists, filters, search, details, escaping, read-only rules, the
+overview and its JSON."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent, outbox_action
+from outbox_app import models as outbox_models
+from outbox_app.states import State
+from tests.ops.factories import events, notification, subscribed
+
+pytestmark = pytest.mark.django_db
+
+NOTIFICATIONS = reverse("admin:outbox_app_notification_changelist")
+EVENTS = reverse("admin:outbox_app_outboxevent_changelist")
+OVERVIEW = reverse("admin:outbox_app_overview")
+OVERVIEW_JSON = reverse("admin:outbox_app_overview_json")
+XSS = "<script>alert('outbox')</script>"
+
+
+def event_page(event) -> str:
+    return reverse("admin:outbox_app_outboxevent_change", args=[event.pk])
+
+
+def notification_page(row) -> str:
+    return reverse("admin:outbox_app_notification_change", args=[row.pk])
+
+
+@pytest.fixture
+def hostile():
+    """An event and a failed delivery carrying markup in every free-text field."""
+    (event,) = events(
+        1,
+        event_type="OrderPlaced",
+        payload={"note": XSS, "nested": {"html": "<img src=x onerror=alert(1)>"}},
+        headers={"correlation_id": XSS},
+        aggregate=("shop.Order", XSS),
+    )
+    row = notification(
+        event,
+        "ops.record",
+        State.EXPIRED,
+        last_error=f"ValueError: {XSS}",
+        last_error_type="builtins.ValueError",
+        last_traceback=(
+            f'Traceback (most recent call last):\n  raise ValueError("{XSS}")'
+        ),
+    )
+    return event, row
+
+
+def assert_escaped(content: bytes) -> None:
+    text = content.decode()
+    assert "<script>alert(" not in text
+    assert "<img src=x" not in text
+    assert "&lt;script&gt;alert(" in text
+
+
+def test_xss__event_detail_escapes_payload_headers_and_inline_errors(
+    admin_client, hostile
+):
+    event, _ = hostile
+    page = admin_client.get(event_page(event))
+    assert page.status_code == 200
+    assert_escaped(page.content)
+    text = page.content.decode()
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert '<pre class="outbox-json">{\n  &quot;nested&quot;: {' in text  # pretty
+
+
+def test_xss__notification_list_and_detail_escape_the_error(admin_client, hostile):
+    _, row = hostile
+    for url in (NOTIFICATIONS, notification_page(row), EVENTS):
+        page = admin_client.get(url)
+        assert page.status_code == 200
+        assert_escaped(page.content)
+    detail = admin_client.get(notification_page(row)).content.decode()
+    assert "Traceback (most recent call last):" in detail  # the full traceback
+    assert '<pre class="outbox-text">ValueError: &lt;script&gt;' in detail
+
+
+def test_event_list__columns_and_delivery_summary(admin_client):
+    (event,) = events(1, aggregate=("shop.Order", 7), aggregate_version=3)
+    notification(event, "a", State.SUCCEEDED)
+    notification(event, "b", State.SUCCEEDED)
+    notification(event, "c", State.FAILED)
+    notification(event, "d", State.EXPIRED)
+    page = admin_client.get(EVENTS)
+    text = page.content.decode()
+    assert "shop.Order:7 v3" in text
+    assert re.search(r'title="succeeded / failed / expired">2 / 1 / 1<', text)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "event_type__exact=OrderPlaced",
+        "aggregate_type__exact=shop.Order",
+        "tenant_id__exact=t1",
+        "delivered__exact=0",
+        "occurred_at__gte=2000-01-01+00:00:00%2B00:00",
+    ],
+)
+def test_event_list__filters(admin_client, query):
+    (event,) = events(1, aggregate=("shop.Order", 1), tenant_id="t1")
+    events(1, event_type="Other")
+    page = admin_client.get(f"{EVENTS}?{query}")
+    assert page.status_code == 200
+    assert str(event.pk) in page.content.decode()
+    if "occurred" not in query and "delivered" not in query:
+        assert page.context["cl"].result_count == 1
+
+
+def test_event_list__search_by_ids(admin_client):
+    (target,) = events(
+        1, aggregate=("shop.Order", "A-1"), headers={"correlation_id": "req-42"}
+    )
+    events(2)
+    with transaction.atomic(), outbox_action("Thing") as action_id:
+        pass
+    for term, expected in [
+        (str(target.pk), target.pk),
+        ("A-1", target.pk),
+        ("req-42", target.pk),
+        (str(action_id), OutboxEvent.objects.get(action_id=action_id).pk),
+    ]:
+        page = admin_client.get(EVENTS, {"q": term})
+        assert [e.pk for e in page.context["cl"].result_list] == [expected], term
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "state__exact=EXPIRED",
+        "subscriber__exact=a",
+        "event_type__exact=OrderPlaced",
+        "last_error_type__exact=builtins.ConnectionError",
+        "attempts=3",
+        "next_retry_at__gte=2000-01-01+00:00:00%2B00:00",
+    ],
+)
+def test_notification_list__filters(admin_client, query):
+    event = events(1)[0]
+    expired = notification(event, "a", State.EXPIRED)
+    notification(event, "b", State.SUCCEEDED, next_retry_at=timezone.now())
+    page = admin_client.get(f"{NOTIFICATIONS}?{query}")
+    assert page.status_code == 200
+    assert expired in page.context["cl"].result_list
+
+
+def test_notification_list__search(admin_client):
+    first, second = events(2, aggregate=("shop.Order", "B-2"))
+    a = notification(first, "a", State.EXPIRED, last_error="socket timed out")
+    b = notification(second, "a", State.PENDING)
+    for term, expected in [
+        (str(a.pk), {a.pk}),
+        (str(second.pk), {b.pk}),
+        ("B-2", {a.pk, b.pk}),
+        ("timed out", {a.pk}),
+    ]:
+        page = admin_client.get(NOTIFICATIONS, {"q": term})
+        assert {r.pk for r in page.context["cl"].result_list} == expected, term
+
+
+def test_read_only__no_add_change_or_delete(admin_client, hostile):
+    event, row = hostile
+    assert (
+        admin_client.get(reverse("admin:outbox_app_outboxevent_add")).status_code == 403
+    )
+    assert (
+        admin_client.get(reverse("admin:outbox_app_notification_add")).status_code
+        == 403
+    )
+    for url in (event_page(event), notification_page(row)):
+        assert admin_client.post(url, {"state": "PENDING"}).status_code == 403
+    for name, pk in [
+        ("admin:outbox_app_outboxevent_delete", event.pk),
+        ("admin:outbox_app_notification_delete", row.pk),
+    ]:
+        assert (
+            admin_client.post(reverse(name, args=[pk]), {"post": "yes"}).status_code
+            == 403
+        )
+    assert b"delete_selected" not in admin_client.get(EVENTS).content
+    assert b"delete_selected" not in admin_client.get(NOTIFICATIONS).content
+    assert OutboxEvent.objects.count() == 1
+    assert Notification.objects.get().state == State.EXPIRED
+
+
+# --- overview -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def busy():
+    first, second = events(2)
+    now = timezone.now()
+    for minutes in (1, 1, 5, 90):
+        notification(
+            first,
+            f"done-{minutes}-{now.timestamp()}-{Notification.objects.count()}",
+            State.SUCCEEDED,
+            completed_at=now - datetime.timedelta(minutes=minutes),
+        )
+    notification(second, "ops.record", State.EXPIRED)
+    notification(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=3))
+
+
+def test_overview__page(admin_client, busy):
+    with subscribed("OrderPlaced"):
+        page = admin_client.get(OVERVIEW)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert 'id="outbox-subscribers"' in text
+    assert ">ops.record</a>" in text
+    assert 'id="outbox-expired">1<' in text
+    assert re.search(r'id="outbox-lag">3 min \d+ s<', text)
+    # An inline SVG chart with bars, and no external asset anywhere on the page.
+    svg = re.search(r"<svg class=\"outbox-chart\".*?</svg>", text, re.S).group(0)
+    assert '<path class="bars"' in svg
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)
+
+
+def test_overview__json(admin_client, busy):
+    with subscribed("OrderPlaced"):
+        data = admin_client.get(OVERVIEW_JSON).json()
+    assert data["expired"] == 1
+    assert data["deliveries"]["total"] == 4
+    assert sum(data["deliveries"]["per_minute"]) == 4
+    names = [row["name"] for row in data["subscribers"]]
+    assert "ops.record" in names
+    json.dumps(data)
+
+
+def test_overview__links(admin_client):
+    for url in (NOTIFICATIONS, EVENTS, reverse("admin:app_list", args=["outbox_app"])):
+        page = admin_client.get(url)
+        assert f'href="{OVERVIEW}"'.encode() in page.content, url
+
+
+def test_overview__needs_view_permission(client, viewer_client, django_user_model):
+    assert viewer_client.get(OVERVIEW).status_code == 200
+    assert viewer_client.get(OVERVIEW_JSON).status_code == 200
+    staff = django_user_model.objects.create_user("bare", is_staff=True)
+    client.force_login(staff)
+    assert client.get(OVERVIEW).status_code == 403
+    assert client.get(OVERVIEW_JSON).status_code == 403
+    client.logout()
+    response = client.get(OVERVIEW_JSON)
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.skipif(
+    not hasattr(outbox_models, "OutboxOverview"),
+    reason="needs the OutboxOverview proxy model in outbox_app/models.py",
+)
+def test_overview__listed_on_the_admin_index(admin_client, viewer_client):
+    page = admin_client.get(reverse("admin:index"))
+    url = reverse("admin:outbox_app_outboxoverview_changelist")
+    assert url.encode() in page.content
+    assert admin_client.get(url)["Location"] == OVERVIEW
+    assert viewer_client.get(url)["Location"] == OVERVIEW

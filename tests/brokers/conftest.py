@@ -1,0 +1,229 @@
+"""Fixtures for the broker tests: real RabbitMQ and Redis, no mocks.
+
+Each test gets uniquely named exchanges and queues and deletes them afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Exchange, Queue
+
+from outbox_app.registry import DeliveryContext
+from tests.conftest import require_service
+
+from .proxy import TcpProxy
+
+RABBITMQ = ("127.0.0.1", 5672)
+REDIS = ("127.0.0.1", 6379)
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+#: A queue nobody deletes (a crashed test run) disappears after 10 minutes unused.
+QUEUE_ARGUMENTS = {"x-expires": 600_000}
+
+
+def reachable(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def rabbitmq_url() -> str:
+    require_service("RabbitMQ", reachable(RABBITMQ), f"{RABBITMQ_URL} (guest/guest)")
+    return RABBITMQ_URL
+
+
+@pytest.fixture
+def redis_url() -> str:
+    require_service("Redis", reachable(REDIS), REDIS_URL)
+    return REDIS_URL
+
+
+@pytest.fixture
+def unique() -> str:
+    """A name prefix no other test (or test run) uses."""
+    return f"outbox-test-{uuid.uuid4().hex[:12]}"
+
+
+class Broker:
+    """An independent kombu consumer side: declares queues, reads them back,
+    and deletes everything it declared (and the exchanges it was told about)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.connection = Connection(url)
+        self.channel = self.connection.channel()
+        self.queues: list[str] = []  # names to delete afterwards
+        self.exchanges: list[str] = []
+
+    def bind(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "#",
+        exchange_type: str = "topic",
+        arguments: dict[str, Any] | None = None,
+        expires: bool = True,
+    ) -> Queue:
+        declared = Queue(
+            queue,
+            self.exchange(exchange, exchange_type),
+            routing_key=routing_key,
+            durable=True,
+            queue_arguments={
+                **(QUEUE_ARGUMENTS if expires else {}),
+                **(arguments or {}),
+            }
+            if self.amqp
+            else None,
+        )(self.channel)
+        self.queues.append(queue)
+        declared.declare()
+        return declared
+
+    def exchange(self, name: str, exchange_type: str = "topic") -> Exchange:
+        self.exchanges.append(name)
+        return Exchange(name, exchange_type, durable=True)(self.channel)
+
+    def drain(self, queue: Queue) -> list:
+        """Every message waiting in ``queue``, in queue order."""
+        messages = []
+        while (message := queue.get(no_ack=True)) is not None:
+            messages.append(message)
+        return messages
+
+    @property
+    def amqp(self) -> bool:
+        return self.url.startswith("amqp")
+
+    def delete_later(self, queue: str) -> None:
+        """Delete ``queue`` (declared by someone else) after the test."""
+        self.queues.append(queue)
+
+    def cleanup(self) -> None:
+        for delete, names in (
+            ("queue_delete", self.queues),
+            ("exchange_delete", self.exchanges),
+        ):
+            for name in dict.fromkeys(names):
+                try:
+                    getattr(self.channel, delete)(name)
+                except Exception:
+                    self.channel = self.connection.channel()  # the broker closed it
+        self.connection.release()
+
+
+@pytest.fixture
+def rabbitmq(rabbitmq_url) -> Iterator[Broker]:
+    broker = Broker(rabbitmq_url)
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture
+def redis(redis_url) -> Iterator[Broker]:
+    broker = Broker(redis_url)
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture
+def proxy(rabbitmq_url) -> Iterator[TcpProxy]:
+    """A cuttable loopback proxy in front of RabbitMQ."""
+    tcp = TcpProxy(RABBITMQ)
+    yield tcp
+    tcp.close()
+
+
+@pytest.fixture
+def publishers() -> Iterator[list]:
+    """Publishers a test builds; closed afterwards."""
+    built: list = []
+    yield built
+    for publisher in built:
+        publisher.close()
+
+
+def context(
+    number: int,
+    aggregate_type: str | None = "shop.Order",
+    aggregate_id: str | None = "1",
+    event_type: str = "OrderPlaced",
+    **fields: Any,
+) -> DeliveryContext:
+    """A DeliveryContext as the relay builds it, numbered for assertions."""
+    values: dict[str, Any] = {
+        "event_id": uuid.uuid4(),
+        "namespace": "shop",
+        "event_type": event_type,
+        "revision": 1,
+        "payload": {"number": number, "text": "grüße"},
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "aggregate_version": number,
+        "headers": {"correlation_id": f"req-{number}"},
+        "tenant_id": "acme",
+        "action_id": None,
+        "occurred_at": datetime.datetime(
+            2025, 6, 1, 12, 0, number % 60, 1000, datetime.UTC
+        ),
+        "attempt": 1,
+        "subscriber": "broker",
+        "notification_id": number,
+    }
+    values.update(fields)
+    return DeliveryContext(**values)
+
+
+def across_aggregates(count: int) -> list[DeliveryContext]:
+    """``count`` events over three orders and two customers, interleaved."""
+    aggregates = [
+        ("shop.Order", "1"),
+        ("shop.Order", "2"),
+        ("shop.Customer", "7"),
+        ("shop.Order", "3"),
+        ("shop.Customer", "8"),
+    ]
+    result = []
+    for number in range(count):
+        aggregate_type, aggregate_id = aggregates[number % len(aggregates)]
+        event_type = (
+            "OrderPlaced" if aggregate_type == "shop.Order" else "CustomerMoved"
+        )
+        result.append(context(number, aggregate_type, aggregate_id, event_type))
+    return result
+
+
+def body(message) -> dict[str, Any]:
+    """The CloudEvent a consumer received."""
+    return json.loads(message.body)
+
+
+def assert_delivered(message, sent: DeliveryContext, routing_key: str) -> None:
+    """``message`` is ``sent``'s CloudEvent with the right AMQP/kombu properties."""
+    event = body(message)
+    assert event["id"] == str(sent.event_id)
+    assert event["specversion"] == "1.0"
+    assert event["source"] == sent.namespace
+    assert event["type"] == sent.event_type
+    assert event["subject"] == sent.aggregate_id
+    assert event["aggregatetype"] == sent.aggregate_type
+    assert event["aggregateversion"] == sent.aggregate_version
+    assert event["revision"] == sent.revision
+    assert event["tenantid"] == sent.tenant_id
+    assert event["correlationid"] == sent.headers["correlation_id"]
+    assert event["time"].endswith("Z")
+    assert event["datacontenttype"] == "application/json"
+    assert event["data"] == sent.payload
+    assert message.content_type == "application/cloudevents+json"
+    assert message.properties["message_id"] == str(sent.event_id)
+    assert message.delivery_info["routing_key"] == routing_key

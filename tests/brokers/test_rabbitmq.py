@@ -1,0 +1,283 @@
+"""KombuPublisher against the machine's RabbitMQ: confirms, returns, outages.
+
+Every test declares its own uniquely named exchange and queues with an
+independent kombu connection before publishing, reads them back, and deletes
+them afterwards.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from outbox_app.exceptions import DeliveryError
+from outbox_app.publishers.kombu import KombuPublisher
+
+from .conftest import across_aggregates, assert_delivered, body, context
+
+
+def publisher(publishers, url, **options) -> KombuPublisher:
+    built = KombuPublisher("broker", {"URL": url, **options})
+    publishers.append(built)
+    return built
+
+
+def test_a_batch_arrives_exactly_once_in_order_with_cloudevents_attributes(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sent = across_aggregates(50)
+
+    outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
+
+    assert outcomes == [None] * 50
+    received = rabbitmq.drain(queue)
+    assert [m.properties["message_id"] for m in received] == [
+        str(c.event_id) for c in sent
+    ]
+    for message, ctx in zip(received, sent, strict=True):
+        assert_delivered(message, ctx, f"{ctx.aggregate_type}.{ctx.event_type}")
+        assert message.properties["delivery_mode"] == 2  # persistent
+        assert message.properties["type"] == ctx.event_type
+
+
+def test_routing_keys_follow_the_template_and_topic_bindings(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    orders = rabbitmq.bind(f"{unique}.orders", unique, "shop.Order.#")
+    customer_7 = rabbitmq.bind(f"{unique}.c7", unique, "*.*.7")
+    sent = across_aggregates(20)
+
+    outcomes = publisher(
+        publishers,
+        rabbitmq_url,
+        EXCHANGE=unique,
+        ROUTING_KEY="{aggregate_type}.{aggregate_id}",
+    ).send_batch([c for c in sent if c.aggregate_id in ("1", "2", "3", "7")])
+
+    assert outcomes == [None] * 16
+    assert [body(m)["id"] for m in rabbitmq.drain(orders)] == [
+        str(c.event_id) for c in sent if c.aggregate_type == "shop.Order"
+    ]
+    received = rabbitmq.drain(customer_7)
+    assert [body(m)["id"] for m in received] == [
+        str(c.event_id) for c in sent if c.aggregate_id == "7"
+    ]
+    assert {m.delivery_info["routing_key"] for m in received} == {"shop.Customer.7"}
+
+
+def test_declare_option_creates_a_bound_durable_queue(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    rabbitmq.delete_later(unique)
+    rabbitmq.exchange(unique)
+    sent = across_aggregates(5)
+    outcomes = publisher(
+        publishers, rabbitmq_url, EXCHANGE=unique, DECLARE=[unique]
+    ).send_batch(sent)
+
+    assert outcomes == [None] * 5
+    # The publisher's declaration; declaring it again would clash if it differed.
+    queue = rabbitmq.bind(unique, unique, "#", expires=False)
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for c in sent
+    ]
+
+
+def test_unroutable_messages_fail_and_the_others_are_delivered(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "shop.Order.#")
+    sent = across_aggregates(10)  # shop.Customer events have no queue
+
+    outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
+
+    for ctx, outcome in zip(sent, outcomes, strict=True):
+        if ctx.aggregate_type == "shop.Order":
+            assert outcome is None
+        else:
+            assert isinstance(outcome, DeliveryError)
+            assert "unroutable" in str(outcome)
+            assert "NO_ROUTE" in str(outcome)
+            assert f"'shop.Customer.{ctx.event_type}'" in str(outcome)
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for c in sent if c.aggregate_type == "shop.Order"
+    ]
+
+
+def test_an_exchange_without_any_queue_fails_every_message(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    rabbitmq.exchange(unique)  # deleted afterwards
+    outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(
+        across_aggregates(3)
+    )
+    assert all("unroutable" in str(o) for o in outcomes), outcomes
+
+
+def test_messages_the_broker_nacks_fail(rabbitmq, rabbitmq_url, unique, publishers):
+    # A full queue that rejects publishes makes RabbitMQ answer basic.nack.
+    queue = rabbitmq.bind(
+        unique,
+        unique,
+        "#",
+        arguments={"x-max-length": 3, "x-overflow": "reject-publish"},
+    )
+    sent = across_aggregates(5)
+
+    outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
+
+    assert outcomes[:3] == [None] * 3
+    assert all("basic.nack" in str(o) for o in outcomes[3:]), outcomes
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for c in sent[:3]
+    ]
+
+
+def test_messages_that_cannot_be_encoded_fail_alone(
+    rabbitmq, rabbitmq_url, unique, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sent = across_aggregates(3)
+    sent[1] = context(1, payload={"when": object()})
+
+    outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
+
+    assert outcomes[0] is None and outcomes[2] is None
+    assert "cannot encode" in str(outcomes[1])
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(sent[0].event_id),
+        str(sent[2].event_id),
+    ]
+
+
+def test_successive_batches_reuse_one_connection(
+    rabbitmq, rabbitmq_url, unique, proxy, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    sender = publisher(publishers, url, EXCHANGE=unique)
+    batches = [across_aggregates(7) for _ in range(3)]
+
+    assert [sender.send_batch(b) for b in batches] == [[None] * 7] * 3
+
+    assert proxy.connections == 1
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for batch in batches for c in batch
+    ]
+
+
+# --- the broker going away -------------------------------------------------------
+
+
+def proxied(publishers, proxy, unique, **options) -> KombuPublisher:
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    return publisher(publishers, url, EXCHANGE=unique, CONNECT_RETRIES=0, **options)
+
+
+def test_outage_fails_every_message_with_the_reason_then_recovers(
+    rabbitmq, unique, proxy, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique)
+    assert sender.send_batch(across_aggregates(2)) == [None, None]
+    rabbitmq.drain(queue)
+
+    proxy.cut()
+    sent = across_aggregates(20)
+    outcomes = sender.send_batch(sent)
+
+    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
+    assert all(f"cannot connect to amqp://guest:**@127.0.0.1:{proxy.port}//" in str(o)
+               for o in outcomes)  # fmt: skip
+    assert "guest:guest" not in str(outcomes[0])  # the password stays out of logs
+    assert rabbitmq.drain(queue) == []
+
+    proxy.restore()
+    assert sender.send_batch(sent) == [None] * 20
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for c in sent
+    ]
+
+
+def test_a_connection_dropped_between_batches_is_replaced_without_failing(
+    rabbitmq, unique, proxy, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique)
+    assert sender.send_batch(across_aggregates(2)) == [None, None]
+
+    proxy.cut()  # e.g. RabbitMQ restarted while the relay was idle
+    proxy.restore()
+    sent = across_aggregates(10)
+
+    assert sender.send_batch(sent) == [None] * 10
+    assert proxy.connections == 2
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)][2:] == [
+        str(c.event_id) for c in sent
+    ]
+
+
+def test_a_connection_lost_mid_batch_fails_every_unconfirmed_message(
+    rabbitmq, unique, proxy, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique)
+    assert sender.send_batch(across_aggregates(2)) == [None, None]
+    rabbitmq.drain(queue)
+
+    proxy.freeze()  # no confirm can come back ...
+    proxy.cut_on_next_send()  # ... and the connection dies once publishing starts
+    sent = across_aggregates(50)
+    outcomes = sender.send_batch(sent)
+
+    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
+    assert all("failed before the broker confirmed" in str(o) for o in outcomes)
+
+    proxy.restore()
+    proxy.thaw()
+    assert sender.send_batch(sent) == [None] * 50
+    # At least once: what reached the queue before the cut arrives again.
+    received = Counter(body(m)["id"] for m in rabbitmq.drain(queue))
+    assert set(received) == {str(c.event_id) for c in sent}
+    assert max(received.values()) <= 2
+
+
+def test_a_missing_confirm_times_out_and_fails_the_batch(
+    rabbitmq, unique, proxy, publishers
+):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique, CONFIRM_TIMEOUT=0.3)
+    assert sender.send_batch(across_aggregates(2)) == [None, None]
+    rabbitmq.drain(queue)
+
+    proxy.freeze()  # the broker's acks never reach the publisher
+    sent = across_aggregates(10)
+    outcomes = sender.send_batch(sent)
+
+    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
+    assert all("no publisher confirm" in str(o) and "0.3 s" in str(o) for o in outcomes)
+
+    proxy.thaw()
+    assert sender.send_batch(sent) == [None] * 10  # on a new connection
+    assert proxy.connections == 2
+    received = Counter(body(m)["id"] for m in rabbitmq.drain(queue))
+    assert set(received) == {str(c.event_id) for c in sent}
+    assert max(received.values()) <= 2
+
+
+@pytest.mark.parametrize("batch", [1, 500])
+def test_batch_sizes(rabbitmq, rabbitmq_url, unique, publishers, batch):
+    queue = rabbitmq.bind(unique, unique, "#")
+    sent = across_aggregates(batch)
+    assert (
+        publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
+        == [None] * batch
+    )
+    assert len(rabbitmq.drain(queue)) == batch
+
+
+def test_an_empty_batch_does_not_connect(publishers):
+    sender = publisher(publishers, "amqp://guest:guest@127.0.0.1:1//")
+    assert sender.send_batch([]) == []

@@ -1,0 +1,222 @@
+"""End to end: committed events leave the database through the relay and reach
+real RabbitMQ and Redis, read back by an independent kombu consumer."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import signal
+from collections import defaultdict
+
+import pytest
+from django.db import transaction
+from django.test import skipUnlessDBFeature
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent, publish
+from outbox_app.registry import close_publishers
+from outbox_app.relay import deliver, relay_once
+from outbox_app.states import State
+from tests.brokers.conftest import RABBITMQ_URL, body
+from tests.processes import Watched, spawn, wait_for
+from tests.testapp.events import OrderPlaced, Step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGGREGATES = [("shop.Order", "1"), ("shop.Order", "2"), ("shop.Cart", "9")]
+
+
+@pytest.fixture(autouse=True)
+def _close_publishers():
+    yield
+    close_publishers()
+
+
+def publish_across_aggregates(count: int) -> list[OutboxEvent]:
+    rows = []
+    with transaction.atomic():
+        for position in range(count):
+            aggregate = AGGREGATES[position % len(AGGREGATES)]
+            rows += publish(
+                Step(position=position),
+                aggregate=aggregate,
+                headers={"correlation_id": f"req-{position}"},
+                tenant_id="acme",
+            )
+    return rows
+
+
+def configure(settings, url: str, exchange: str, **options) -> None:
+    settings.OUTBOX_PUBLISHERS = {
+        "bus": {"URL": url, "EXCHANGE": exchange, "CONFIRM_TIMEOUT": 10, **options}
+    }
+
+
+@pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
+def test_committed_events_reach_the_broker_in_aggregate_order(
+    request, broker_name, settings, unique
+):
+    broker = request.getfixturevalue(broker_name)
+    queue = broker.bind(f"{unique}-q", unique)
+    configure(settings, broker.url, unique, ORDERED=True)
+    rows = publish_across_aggregates(30)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish(Step(position=999), aggregate=AGGREGATES[0])
+        raise RuntimeError("rolled back: never published")
+    report = relay_once(kind="publisher", batch_size=7)
+    assert (report.succeeded, report.failed) == (30, 0)
+    messages = broker.drain(queue)
+    assert sorted(m.properties["message_id"] for m in messages) == sorted(
+        str(r.id) for r in rows
+    )
+    by_id = {str(r.id): r for r in rows}
+    seen = defaultdict(list)
+    for message in messages:
+        event = body(message)
+        row = by_id[event["id"]]
+        assert event["type"] == "Step"
+        assert event["source"] == "tests"
+        assert (event["aggregatetype"], event["subject"]) == (
+            row.aggregate_type,
+            row.aggregate_id,
+        )
+        assert event["tenantid"] == "acme"
+        assert event["correlationid"] == row.headers["correlation_id"]
+        assert event["data"] == {"position": row.payload["position"]}
+        assert message.delivery_info["routing_key"] == f"{row.aggregate_type}.Step"
+        if broker.amqp:
+            assert message.properties["delivery_mode"] == 2
+        seen[event["subject"]].append(event["data"]["position"])
+    for aggregate_id, positions in seen.items():
+        assert positions == sorted(positions), aggregate_id
+    assert set(Notification.objects.values_list("state", flat=True)) == {
+        State.SUCCEEDED
+    }
+
+
+def test_broker_outage__failed_with_reason_then_delivered(
+    rabbitmq, proxy, settings, unique
+):
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    configure(
+        settings,
+        f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+        unique,
+        CONNECT_RETRIES=0,
+    )
+    proxy.cut()
+    with transaction.atomic():
+        rows = publish(
+            *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(5)]
+        )
+    report = relay_once(kind="publisher")
+    assert (report.succeeded, report.failed) == (0, 5)
+    failed = Notification.objects.all()
+    assert {n.state for n in failed} == {State.FAILED}
+    assert all("cannot connect" in n.last_error for n in failed)
+    assert {n.last_error_type for n in failed} == {
+        "outbox_app.exceptions.DeliveryError"
+    }
+    assert rabbitmq.drain(queue) == []  # nothing marked delivered, nothing sent
+    proxy.restore()
+    later = timezone.now() + datetime.timedelta(hours=1)
+    assert deliver(kind="publisher", now=later).succeeded == 5
+    ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    assert sorted(ids) == sorted(str(r.id) for r in rows)
+
+
+def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
+    rabbitmq, proxy, settings, unique
+):
+    """The relay is killed while it waits for a batch's confirms (the proxy holds
+    the broker's replies back). After the lease, another relay sends the batch
+    again: consumers see every event, duplicates only from that one batch."""
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    with transaction.atomic():
+        rows = publish(
+            *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(20)]
+        )
+    options = {
+        "bus": {
+            "URL": f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+            "EXCHANGE": unique,
+            "CONFIRM_TIMEOUT": 120,
+        }
+    }
+    proxy.freeze()
+    relay = Watched(
+        spawn(
+            "manage.py",
+            "relay",
+            "--settings=tests.settings",
+            "--only",
+            "publishers",
+            "--batch-size",
+            "8",
+            OUTBOX_TEST_PUBLISHERS=json.dumps(options),
+        )
+    )
+    try:
+        wait_for(
+            lambda: (
+                Notification.objects.filter(state=State.RUNNING).exists()
+                or relay.process.poll() is not None
+            ),
+            60,
+            "the relay to claim a batch",
+        )
+    finally:
+        relay.stop(signal.SIGKILL)
+        proxy.thaw()
+    running = Notification.objects.filter(state=State.RUNNING)
+    assert running.count() == 8
+    configure(settings, RABBITMQ_URL, unique)
+    later = timezone.now() + datetime.timedelta(minutes=5)
+    assert deliver(kind="publisher", now=later).succeeded == 20
+    ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    assert set(ids) == {str(r.id) for r in rows}  # nothing lost
+    assert len(ids) - 20 <= 8  # duplicates: at most the unconfirmed batch
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_two_relays_20000_events__none_twice_none_lost(rabbitmq, settings, unique):
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    total = 20_000
+    with transaction.atomic():
+        for start in range(0, total, 1000):
+            publish(
+                *[
+                    OrderPlaced(order_id=i, total=decimal.Decimal(i))
+                    for i in range(start, start + 1000)
+                ]
+            )
+    options = {"bus": {"URL": RABBITMQ_URL, "EXCHANGE": unique}}
+    relays = [
+        Watched(
+            spawn(
+                "manage.py",
+                "relay",
+                "--settings=tests.settings",
+                "--only",
+                "publishers",
+                "--batch-size",
+                "500",
+                OUTBOX_TEST_PUBLISHERS=json.dumps(options),
+            )
+        )
+        for _ in range(2)
+    ]
+    try:
+        wait_for(
+            lambda: Notification.objects.filter(state=State.SUCCEEDED).count() == total,
+            300,
+            "two relays to deliver everything",
+        )
+    finally:
+        codes = [relay.stop() for relay in relays]
+    assert codes == [0, 0], [relay.text()[-2000:] for relay in relays]
+    counts = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    assert len(counts) == total  # none twice
+    assert len(set(counts)) == total  # none lost
+    assert not Notification.objects.filter(attempts__gt=1).exists()

@@ -1,0 +1,250 @@
+"""End to end, in a real browser: an operator requeues expired notifications in
+the sample project's admin.
+
+Starts the sample project (``manage.py``, ``sample_project.settings``) on a fresh
+SQLite file with ``runserver``, seeds it with orders and deliveries, and drives
+Debian's Chromium (``/usr/bin/chromium``) with Playwright. Playwright's own
+browser downloads are never used. Saves the screenshots ``docs/operations.md``
+shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_service
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = ROOT / "docs" / "img"
+USERNAME, PASSWORD = "operator", "correct horse battery staple"
+EMAIL_HANDLER = "shop.send_confirmation"  # the sample shop's handler
+
+pytestmark = pytest.mark.slow
+
+#: Run inside the sample project (manage.py shell): orders with their events, and
+#: deliveries in every state, successes spread over the last 24 hours.
+SEED = f"""
+import datetime, math, random
+from decimal import Decimal
+from django.utils import timezone
+from outbox_app import Notification, OutboxEvent
+from sample_project.shop.services import place_order
+
+random.seed(7)
+now = timezone.now()
+for i in range(300):
+    place_order(f"customer{{i}}@example.com", Decimal(10 + i % 90))
+events = list(OutboxEvent.objects.order_by("id"))
+OutboxEvent.objects.update(delivered=True)
+subscribers = [{EMAIL_HANDLER!r}, "rabbitmq"]
+
+def minutes_ago():
+    while True:  # busier in the (UTC) afternoon
+        m = random.uniform(0, 1439)
+        hour = ((now - datetime.timedelta(minutes=m)).hour + 24) % 24
+        if random.random() < 0.35 + 0.65 * math.sin(math.pi * hour / 24) ** 2:
+            return m
+
+rows = []
+for n, event in enumerate(events):
+    for subscriber in subscribers:
+        row = Notification(
+            event=event, subscriber=subscriber, event_type=event.event_type,
+            aggregate_type=event.aggregate_type, aggregate_id=event.aggregate_id,
+            state="SUCCEEDED", attempts=1, next_retry_at=now,
+        )
+        late = n >= len(events) - 3
+        waiting = len(events) - 5 <= n < len(events) - 3
+        if waiting and subscriber == {EMAIL_HANDLER!r}:
+            row.state, row.attempts = "PENDING", 0
+            row.created_at = now - datetime.timedelta(seconds=40)
+        elif late and subscriber == {EMAIL_HANDLER!r}:
+            row.state, row.attempts = "EXPIRED", 10
+            row.last_error = "SMTPServerDisconnected: Connection unexpectedly closed"
+            row.last_error_type = "smtplib.SMTPServerDisconnected"
+            row.last_traceback = (
+                "Traceback (most recent call last):\\n"
+                '  File "shop/handlers.py", line 12, in send_confirmation\\n'
+                "smtplib.SMTPServerDisconnected: Connection unexpectedly closed"
+            )
+            row.first_failed_at = row.completed_at = now - datetime.timedelta(hours=2)
+        elif late and subscriber == "rabbitmq":
+            row.state, row.attempts = "FAILED", 2
+            row.last_error = "[Errno 111] Connection refused"
+            row.last_error_type = "builtins.ConnectionRefusedError"
+            row.next_retry_at = now + datetime.timedelta(seconds=30)
+            row.first_failed_at = now - datetime.timedelta(minutes=4)
+            row.created_at = now - datetime.timedelta(minutes=4)
+        else:
+            row.completed_at = now - datetime.timedelta(minutes=minutes_ago())
+        rows.append(row)
+Notification.objects.bulk_create(rows)
+print("seeded", len(events), "events,", len(rows), "notifications")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def wait_until_up(url: str, server: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"runserver exited:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    pytest.fail(f"runserver did not answer at {url}:\n{log.read_text()}")
+
+
+@pytest.fixture
+def sample_site(tmp_path):
+    """The sample project served by runserver on a free port; yields its URL."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "sample_project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'sample.sqlite3'}",
+        "DJANGO_SUPERUSER_USERNAME": USERNAME,
+        "DJANGO_SUPERUSER_PASSWORD": PASSWORD,
+        "DJANGO_SUPERUSER_EMAIL": "operator@example.com",
+        "PYTHONWARNINGS": "ignore",
+    }
+    manage(env, "migrate", "--noinput")
+    manage(env, "createsuperuser", "--noinput")
+    manage(env, "shell", "-c", SEED)
+    port = free_port()
+    log = tmp_path / "runserver.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "runserver",
+                f"127.0.0.1:{port}",
+                "--noreload",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{base}/admin/login/", server, log)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require_service("chromium", False, "the playwright package is not installed")
+    require_service(
+        "chromium",
+        Path(CHROMIUM).exists() or shutil.which("chromium") is not None,
+        f"{CHROMIUM} is missing (apt-get install chromium)",
+    )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+            ],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def test_operator_requeues_expired_notifications(sample_site, browser):
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(15_000)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    # Log in.
+    page.goto(f"{sample_site}/admin/")
+    page.fill("#id_username", USERNAME)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(USERNAME)
+
+    # The overview, from the Outbox section of the admin.
+    page.goto(f"{sample_site}/admin/outbox_app/")
+    page.click("a:text-is('Overview')")
+    expect(page.locator("h1")).to_have_text("Outbox overview")
+    expect(page.locator("#outbox-expired")).to_have_text("3")
+    expect(page.locator("#outbox-subscribers")).to_contain_text(EMAIL_HANDLER)
+    expect(page.locator("#outbox-chart path.bars")).to_have_count(1)
+    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+
+    # Open the expired notifications.
+    page.goto(f"{sample_site}/admin/")
+    page.click("#content-main a:text-is('Notifications')")
+    state_filter = page.locator("#changelist-filter details[data-filter-title='state']")
+    state_filter.locator("a:text-is('expired')").click()
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(3)
+    expect(page.locator("#result_list td.field-state")).to_have_text(["expired"] * 3)
+
+    # Select them and run "Requeue selected".
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "requeue_selected")
+    page.screenshot(path=str(SCREENSHOTS / "admin-requeue.png"))
+    page.click("button[name=index]")
+    success = page.locator("ul.messagelist li.success")
+    expect(success).to_have_text("3 notifications were requeued.")
+    expect(rows).to_have_count(0)  # none is expired any more
+    page.screenshot(path=str(SCREENSHOTS / "admin-requeue-done.png"))
+
+    # Their new state: pending, attempts reset, the last error kept.
+    state_filter.locator("a:text-is('pending')").click()
+    page.locator(
+        "#changelist-filter details[data-filter-title='last error type'] "
+        "a:text-is('smtplib.SMTPServerDisconnected')"
+    ).click()
+    expect(page.locator("#result_list td.field-subscriber")).to_have_text(
+        [EMAIL_HANDLER] * 3
+    )
+    expect(page.locator("#result_list td.field-state")).to_have_text(["pending"] * 3)
+    expect(page.locator("#result_list td.field-attempts")).to_have_text(["0"] * 3)
+    expect(page.locator("#result_list td.field-short_error").first).to_contain_text(
+        "SMTPServerDisconnected"
+    )

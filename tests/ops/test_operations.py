@@ -1,0 +1,128 @@
+"""outbox_app.operations: requeue, retry, expire, replay, in batches."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent, UnknownSubscriber, operations
+from outbox_app.states import State
+from tests.ops.factories import events, notification, subscribed
+
+pytestmark = pytest.mark.django_db
+
+
+def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
+    event = events(1)[0]
+    expired = notification(event, "a", State.EXPIRED)
+    failed = notification(event, "b", State.FAILED)
+    done = notification(event, "c", State.SUCCEEDED)
+    before = timezone.now()
+
+    assert operations.apply(Notification.objects.all(), "requeue", batch_size=1) == 2
+
+    for row in (expired, failed):
+        row.refresh_from_db()
+        assert row.state == State.PENDING
+        assert row.attempts == 0
+        assert row.completed_at is None
+        assert before <= row.next_retry_at <= timezone.now()
+        assert row.last_error == "broker down"  # kept as history
+    done.refresh_from_db()
+    assert done.state == State.SUCCEEDED
+
+
+def test_apply__dry_run_counts_and_changes_nothing():
+    event = events(1)[0]
+    notification(event, "a", State.EXPIRED)
+    notification(event, "b", State.PENDING)
+    rows = Notification.objects.all()
+    assert operations.apply(rows, "requeue", dry_run=True) == 1
+    assert operations.apply(rows, "expire", dry_run=True) == 1
+    assert Notification.objects.filter(state=State.EXPIRED).count() == 1
+
+
+def test_apply__unknown_transition_is_refused():
+    with pytest.raises(ValueError, match="unknown transition"):
+        operations.apply(Notification.objects.all(), "delete")
+
+
+def test_requeue_deliveries__only_the_given_events():
+    first, second = events(2)
+    a = notification(first, "a", State.EXPIRED)
+    b = notification(second, "a", State.EXPIRED)
+    count = operations.requeue_deliveries(OutboxEvent.objects.filter(pk=first.pk))
+    assert count == 1
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert (a.state, b.state) == (State.PENDING, State.EXPIRED)
+
+
+def test_notifications_matching__filters_and_aliases():
+    event_a, event_b, event_c = events(3)
+    old = timezone.now() - datetime.timedelta(days=3)
+    match = notification(event_a, "old.name", State.EXPIRED)
+    notification(
+        event_b, "ops.record", State.EXPIRED, last_error_type="builtins.ValueError"
+    )
+    notification(event_c, "ops.record", State.FAILED, updated_at=old)
+    with subscribed("OrderPlaced", aliases=["old.name"]):
+        rows = operations.notifications_matching(
+            subscriber="ops.record",
+            states=[State.EXPIRED],
+            error_type="builtins.ConnectionError",
+            since=timezone.now() - datetime.timedelta(days=1),
+        )
+        assert list(rows) == [match]
+        every = operations.notifications_matching(subscriber="ops.record")
+        assert every.count() == 3
+        with pytest.raises(UnknownSubscriber):
+            operations.notifications_matching(subscriber="nobody")
+
+
+def test_replay_to__creates_resets_and_skips():
+    fresh, done, running, other_type = (
+        events(1)[0],
+        events(1)[0],
+        events(1)[0],
+        events(1, event_type="Other")[0],
+    )
+    succeeded = notification(done, "ops.record", State.SUCCEEDED)
+    busy = notification(running, "ops.record", State.RUNNING)
+    with subscribed("OrderPlaced"):
+        result = operations.replay_to(
+            OutboxEvent.objects.all(), "ops.record", batch_size=2
+        )
+    assert (result.created, result.reset, result.skipped) == (1, 1, 2)
+    assert result.queued == 2
+    created = Notification.objects.get(event=fresh)
+    assert (created.subscriber, created.state, created.event_type) == (
+        "ops.record",
+        State.PENDING,
+        "OrderPlaced",
+    )
+    succeeded.refresh_from_db()
+    assert succeeded.state == State.PENDING
+    assert succeeded.completed_at is None
+    busy.refresh_from_db()
+    assert busy.state == State.RUNNING
+    assert not Notification.objects.filter(event=other_type).exists()
+
+
+def test_replay_to__an_alias_resets_the_row_stored_under_the_old_name():
+    event = events(1)[0]
+    old = notification(event, "old.name", State.EXPIRED)
+    with subscribed("OrderPlaced", aliases=["old.name"]):
+        result = operations.replay_to(OutboxEvent.objects.all(), "ops.record")
+    assert (result.created, result.reset) == (0, 1)
+    old.refresh_from_db()
+    assert old.state == State.PENDING
+    assert Notification.objects.count() == 1
+
+
+def test_replay_to__unknown_subscriber():
+    events(1)
+    with pytest.raises(UnknownSubscriber):
+        operations.replay_to(OutboxEvent.objects.all(), "nobody")

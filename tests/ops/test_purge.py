@@ -1,0 +1,144 @@
+"""outbox_app.purge and ``manage.py outbox_purge``: only finished rows older than
+the retention go."""
+
+from __future__ import annotations
+
+import datetime
+import io
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from django.test import override_settings
+
+from outbox_app import Notification, OutboxEvent, outbox_action
+from outbox_app.purge import PurgeCounts, purge
+from outbox_app.states import State
+from tests.ops.factories import age_events, events, mark_delivered, notification
+
+pytestmark = pytest.mark.django_db
+
+OLD = datetime.timedelta(days=40)
+RECENT = datetime.timedelta(days=2)
+
+
+@pytest.fixture
+def world():
+    """Every kind of row, old (40 days) and recent (2 days)."""
+    rows = {}
+    # Old, every delivery succeeded long ago: the event and its rows go.
+    rows["finished"] = events(1)[0]
+    notification(rows["finished"], "a", State.SUCCEEDED, age=OLD)
+    notification(rows["finished"], "b", State.SUCCEEDED, age=OLD)
+    # Old event with one old success and one unfinished delivery of each kind:
+    # the event and the unfinished rows stay, the old success goes.
+    for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
+        event = events(1)[0]
+        rows[state] = event
+        notification(event, "a", State.SUCCEEDED, age=OLD)
+        notification(event, "b", state, age=OLD)
+    # Old event whose last delivery succeeded recently (a requeue): stays whole.
+    rows["recent_success"] = events(1)[0]
+    notification(rows["recent_success"], "a", State.SUCCEEDED, age=OLD)
+    notification(rows["recent_success"], "b", State.SUCCEEDED, age=RECENT)
+    # Recent event, finished: stays.
+    rows["recent"] = events(1)[0]
+    notification(rows["recent"], "a", State.SUCCEEDED, age=RECENT)
+    old_events = [rows[k] for k in rows if k != "recent"]
+    mark_delivered(*rows.values())
+    # Old event never fanned out (nobody subscribes yet): stays.
+    rows["undelivered"] = events(1, event_type="NobodyYet")[0]
+    old_events.append(rows["undelivered"])
+    # Sentinels: the old one goes, the recent one stays.
+    for key in ("old_sentinel", "recent_sentinel"):
+        with transaction.atomic(), outbox_action("Nothing"):
+            pass
+        rows[key] = OutboxEvent.objects.sentinels().order_by("-id").first()
+    old_events.append(rows["old_sentinel"])
+    age_events(old_events, OLD)
+    age_events([rows["recent"], rows["recent_sentinel"]], RECENT)
+    return rows
+
+
+def remaining_events() -> set:
+    return set(OutboxEvent.objects.values_list("pk", flat=True))
+
+
+def test_purge__deletes_only_finished_rows_older_than_the_retention(world):
+    before = Notification.objects.count()
+
+    counts = purge(batch_size=2)
+
+    assert counts == PurgeCounts(events=1, notifications=7, sentinels=1)
+    assert Notification.objects.count() == before - 7
+    gone = {world["finished"].pk, world["old_sentinel"].pk}
+    assert remaining_events() == {row.pk for row in world.values()} - gone
+    # Every unfinished delivery is still there, whatever its age.
+    for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
+        assert Notification.objects.filter(event=world[state], state=state).exists()
+        assert not Notification.objects.filter(
+            event=world[state], state=State.SUCCEEDED
+        ).exists()
+    assert Notification.objects.filter(event=world["recent_success"]).count() == 1
+    assert Notification.objects.filter(event=world["recent"]).count() == 1
+    # Running it again finds nothing.
+    assert purge() == PurgeCounts()
+
+
+def test_purge__dry_run_counts_the_same_and_deletes_nothing(world):
+    before = (OutboxEvent.objects.count(), Notification.objects.count())
+    counts = purge(dry_run=True)
+    assert counts == PurgeCounts(events=1, notifications=7, sentinels=1)
+    assert (OutboxEvent.objects.count(), Notification.objects.count()) == before
+
+
+def test_purge__older_than_and_the_retention_setting(world):
+    # Nothing is older than 60 days.
+    assert purge(60, dry_run=True) == PurgeCounts()
+    with override_settings(OUTBOX_RETENTION_DAYS=60):
+        assert purge(dry_run=True) == PurgeCounts()
+    # With 1 day, the recent finished rows qualify too.
+    counts = purge(1, dry_run=True)
+    assert counts.events == 3  # finished, recent_success, recent
+    assert counts.sentinels == 2
+
+
+def test_purge__reports_progress(world):
+    seen = []
+    purge(batch_size=1, progress=lambda done, expected: seen.append(done.total))
+    assert seen[0] == 0
+    assert seen[-1] == 9
+    assert seen == sorted(seen)
+
+
+def test_purge__refuses_bad_arguments():
+    with pytest.raises(ValueError, match="older_than_days"):
+        purge(-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        purge(batch_size=0)
+
+
+def test_command__purges_and_prints_a_summary(world):
+    out = io.StringIO()
+    call_command("outbox_purge", "--batch-size", "3", stdout=out)
+    text = out.getvalue()
+    assert "Deleted 1 events, 7 notifications and 1 sentinel rows." in text
+    assert "purged 9/9 rows (100%)" in text  # progress lines (not a terminal)
+    assert not OutboxEvent.objects.filter(pk=world["finished"].pk).exists()
+
+
+def test_command__dry_run(world):
+    out = io.StringIO()
+    call_command("outbox_purge", "--dry-run", "--older-than", "30", stdout=out)
+    assert "Would delete 1 events, 7 notifications and 1 sentinel rows" in (
+        out.getvalue()
+    )
+    assert OutboxEvent.objects.filter(pk=world["finished"].pk).exists()
+
+
+def test_command__bad_arguments():
+    with pytest.raises(CommandError, match="older-than"):
+        call_command("outbox_purge", "--older-than", "-3")
+    with pytest.raises(CommandError, match="batch-size"):
+        call_command("outbox_purge", "--batch-size", "0")

@@ -1,0 +1,232 @@
+"""outbox_app.status and ``manage.py outbox_status``: numbers, JSON shape, exit
+codes."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+
+import pytest
+from django.core.management import ManagementUtility, call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from outbox_app import status
+from outbox_app.states import State
+from tests.ops.factories import events, notification, subscribed
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime.datetime(2025, 3, 1, 12, 30, 20, tzinfo=datetime.UTC)
+
+
+def test_overview__counts_lag_expired_per_subscriber():
+    first, second, third = events(3)
+    notification(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
+    notification(second, "ops.record", State.FAILED, age=datetime.timedelta(minutes=2))
+    notification(third, "ops.record", State.EXPIRED)
+    notification(first, "gone.handler", State.PENDING, age=datetime.timedelta(hours=5))
+    with subscribed("OrderPlaced"):
+        data = status.overview()
+
+    by_name = {row["name"]: row for row in data["subscribers"]}
+    row = by_name["ops.record"]
+    assert row["registered"] is True
+    assert row["kind"] == "handler"
+    assert row["states"] == {
+        "PENDING": 1,
+        "RUNNING": 0,
+        "SUCCEEDED": 0,
+        "FAILED": 1,
+        "EXPIRED": 1,
+    }
+    assert row["total"] == 3
+    assert row["expired"] == 1
+    assert 299 <= row["oldest_pending_seconds"] <= 330
+    assert row["blocked_aggregates"] is None  # not ordered
+
+    # Rows of a subscriber nobody registers are shown, but do not make the lag.
+    orphan = by_name["gone.handler"]
+    assert orphan["registered"] is False
+    assert orphan["kind"] is None
+    assert 299 <= data["lag_seconds"] <= 330
+
+    assert data["expired"] == 1
+    assert data["states"]["PENDING"] == 2
+    json.dumps(data)  # plain JSON types only
+
+
+def test_overview__blocked_aggregates_of_ordered_subscribers():
+    a1, a2 = events(2, aggregate=("shop.Order", 1))
+    (b1,) = events(1, aggregate=("shop.Order", 2))
+    notification(a1, "ops.ordered", State.EXPIRED)
+    notification(a2, "ops.ordered", State.PENDING)
+    notification(b1, "ops.ordered", State.EXPIRED)
+    notification(b1, "ops.record", State.EXPIRED)
+    with (
+        subscribed("OrderPlaced", name="ops.ordered", ordered=True),
+        subscribed("OrderPlaced"),
+    ):
+        data = status.overview()
+    by_name = {row["name"]: row for row in data["subscribers"]}
+    assert by_name["ops.ordered"]["blocked_aggregates"] == 2
+    assert by_name["ops.record"]["blocked_aggregates"] is None
+    assert data["blocked_aggregates"] == 2
+
+
+def test_overview__undelivered_events_and_fan_out_lag():
+    old = events(1)
+    events(1, event_type="NobodyListens")
+    from outbox_app.models import OutboxEvent
+
+    OutboxEvent.objects.filter(pk=old[0].pk).update(
+        created_at=timezone.now() - datetime.timedelta(minutes=10)
+    )
+    assert status.overview()["oldest_undelivered_seconds"] is None  # no subscriber
+    with subscribed("OrderPlaced"):
+        data = status.overview()
+    assert data["undelivered_events"] == 2
+    assert 599 <= data["oldest_undelivered_seconds"] <= 630
+    assert data["lag_seconds"] == data["oldest_undelivered_seconds"]
+
+
+def test_deliveries_per_minute__buckets_by_utc_minute():
+    event = events(1)[0]
+    minute = datetime.timedelta(minutes=1)
+    for subscriber, completed in [
+        ("a", NOW),  # the current, partial minute: the last bucket
+        ("b", NOW.replace(second=0)),
+        ("c", NOW - minute),
+        ("d", NOW - 3 * minute),
+        ("e", NOW - 24 * 60 * minute),  # more than 24 h ago: left out
+    ]:
+        notification(event, subscriber, State.SUCCEEDED, completed_at=completed)
+    notification(event, "f", State.EXPIRED, completed_at=NOW)  # not a delivery
+
+    data = status.deliveries_per_minute(now=NOW)
+
+    assert data["minutes"] == len(data["per_minute"]) == 24 * 60
+    assert data["end"] == "2025-03-01T12:31:00+00:00"
+    assert data["start"] == "2025-02-28T12:31:00+00:00"
+    assert data["per_minute"][-1] == 2
+    assert data["per_minute"][-2] == 1
+    assert data["per_minute"][-3] == 0
+    assert data["per_minute"][-4] == 1
+    assert data["total"] == 4
+    assert data["peak"] == 2
+
+
+def test_problems__thresholds():
+    data = {"lag_seconds": 120.0, "expired": 3}
+    assert status.problems(data) == []
+    assert status.problems(data, max_lag=120, max_expired=3) == []
+    assert len(status.problems(data, max_lag=60, max_expired=2)) == 2
+    assert status.problems({"lag_seconds": None, "expired": 0}, max_lag=0) == []
+
+
+# --- the command ----------------------------------------------------------------------
+
+
+def run(*args: str) -> tuple[str, int]:
+    out = io.StringIO()
+    try:
+        call_command("outbox_status", *args, stdout=out)
+    except CommandError as exc:
+        return out.getvalue(), exc.returncode
+    return out.getvalue(), 0
+
+
+def test_command__table_and_exit_zero_when_healthy():
+    event = events(1)[0]
+    notification(event, "ops.record", State.SUCCEEDED)
+    with subscribed("OrderPlaced"):
+        out, code = run()
+    assert code == 0
+    assert "ops.record" in out
+    assert "handler" in out
+    assert "expired:             0" in out
+
+
+def test_command__json_shape():
+    event = events(1)[0]
+    notification(event, "ops.record", State.EXPIRED)
+    with subscribed("OrderPlaced"):
+        out, code = run("--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {
+        "generated_at",
+        "lag_seconds",
+        "states",
+        "expired",
+        "blocked_aggregates",
+        "undelivered_events",
+        "oldest_undelivered_seconds",
+        "subscribers",
+        "deliveries",
+        "problems",
+    }
+    assert data["problems"] == []
+    (row,) = data["subscribers"]
+    assert set(row) == {
+        "name",
+        "kind",
+        "registered",
+        "ordered",
+        "stored_names",
+        "states",
+        "total",
+        "expired",
+        "oldest_pending_seconds",
+        "blocked_aggregates",
+    }
+    assert set(data["deliveries"]) == {
+        "start",
+        "end",
+        "minutes",
+        "per_minute",
+        "total",
+        "peak",
+    }
+
+
+def test_command__max_expired_crossed_exits_2():
+    event = events(1)[0]
+    notification(event, "ops.record", State.EXPIRED)
+    notification(event, "other", State.EXPIRED)
+    assert run("--max-expired", "2")[1] == 0
+    out, code = run("--max-expired", "1", "--json")
+    assert code == 2
+    assert json.loads(out)["problems"] == [
+        "2 expired notifications, more than --max-expired 1"
+    ]
+
+
+def test_command__max_lag_crossed_exits_2():
+    event = events(1)[0]
+    notification(event, "ops.record", State.PENDING, age=datetime.timedelta(minutes=2))
+    with subscribed("OrderPlaced"):
+        assert run("--max-lag", "300")[1] == 0
+        out, code = run("--max-lag", "60")
+    assert code == 2
+    assert "UNHEALTHY: lag" in out
+
+
+def test_command__process_exit_status(capsys):
+    """What cron and a Kubernetes probe see: the process's exit status."""
+    event = events(1)[0]
+    notification(event, "ops.record", State.EXPIRED)
+    with pytest.raises(SystemExit) as exited:
+        ManagementUtility(
+            ["manage.py", "outbox_status", "--max-expired", "0"]
+        ).execute()
+    assert exited.value.code == 2
+    assert "more than --max-expired 0" in capsys.readouterr().err
+
+
+def test_command__negative_threshold_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        ManagementUtility(["manage.py", "outbox_status", "--max-lag", "-1"]).execute()
+    assert exited.value.code == 2  # argparse's usage error
+    assert "--max-lag" in capsys.readouterr().err

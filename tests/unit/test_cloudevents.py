@@ -1,0 +1,117 @@
+"""The CloudEvents 1.0 JSON envelope (structured mode) of a delivery."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import uuid
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from outbox_app.publishers.cloudevents import CONTENT_TYPE, rfc3339, to_cloudevent
+from outbox_app.registry import DeliveryContext
+
+EVENT_ID = uuid.UUID("0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10")
+ACTION_ID = uuid.UUID("0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01")
+
+
+def make(**fields) -> DeliveryContext:
+    values = {
+        "event_id": EVENT_ID,
+        "namespace": "shop",
+        "event_type": "OrderPlaced",
+        "revision": 2,
+        "payload": {"order_id": 42, "total": "19.90", "lines": [{"sku": "A"}]},
+        "aggregate_type": "shop.Order",
+        "aggregate_id": "42",
+        "aggregate_version": 3,
+        "headers": {"correlation_id": "req-7f3a", "causation_id": 12, "actor": "u"},
+        "tenant_id": "acme",
+        "action_id": ACTION_ID,
+        "occurred_at": datetime.datetime(2025, 6, 1, 12, 0, 0, 123456, datetime.UTC),
+        "attempt": 3,
+        "subscriber": "rabbitmq",
+        "notification_id": 99,
+    }
+    values.update(fields)
+    return DeliveryContext(**values)
+
+
+def test_every_attribute():
+    assert to_cloudevent(make()) == {
+        "specversion": "1.0",
+        "id": "0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10",
+        "source": "shop",
+        "type": "OrderPlaced",
+        "subject": "42",
+        "time": "2025-06-01T12:00:00.123456Z",
+        "datacontenttype": "application/json",
+        "data": {"order_id": 42, "total": "19.90", "lines": [{"sku": "A"}]},
+        "revision": 2,
+        "aggregatetype": "shop.Order",
+        "aggregateversion": 3,
+        "tenantid": "acme",
+        "actionid": "0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01",
+        "correlationid": "req-7f3a",
+        "causationid": "12",
+    }
+    assert CONTENT_TYPE == "application/cloudevents+json"
+
+
+def test_absent_values_are_omitted_not_null():
+    event = to_cloudevent(
+        make(
+            aggregate_type=None,
+            aggregate_id=None,
+            aggregate_version=None,
+            tenant_id=None,
+            action_id=None,
+            headers={},
+        )
+    )
+    assert set(event) == {
+        "specversion",
+        "id",
+        "source",
+        "type",
+        "time",
+        "datacontenttype",
+        "data",
+        "revision",
+    }
+    assert None not in event.values()
+
+
+def test_attribute_names_follow_the_naming_rule():
+    # CloudEvents core spec: lowercase ASCII letters and digits only.
+    for name in to_cloudevent(make()):
+        assert re.fullmatch(r"[a-z0-9]+", name), name
+
+
+def test_delivery_details_are_not_part_of_the_event():
+    # A redelivery sends the same event: attempt/subscriber/notification differ.
+    first = to_cloudevent(make())
+    assert first == to_cloudevent(make(attempt=1, subscriber="x", notification_id=1))
+
+
+def test_json_round_trip_and_zero_aggregate_version_kept():
+    event = to_cloudevent(make(aggregate_version=0, payload={}))
+    assert event["aggregateversion"] == 0
+    assert event["data"] == {}
+    assert json.loads(json.dumps(event)) == event
+
+
+def test_time_is_rfc3339_utc():
+    paris = datetime.datetime(2025, 6, 1, 14, 0, tzinfo=ZoneInfo("Europe/Paris"))
+    assert rfc3339(paris) == "2025-06-01T12:00:00Z"
+    assert rfc3339(datetime.datetime(2025, 1, 2, 3, 4, 5)) == "2025-01-02T03:04:05Z"
+    assert rfc3339(datetime.datetime(2025, 1, 2, 3, 4, 5, 7, datetime.UTC)) == (
+        "2025-01-02T03:04:05.000007Z"
+    )
+
+
+def test_a_sentinel_row_is_not_an_event():
+    with pytest.raises(ValueError, match="no event type"):
+        to_cloudevent(make(event_type=None))
