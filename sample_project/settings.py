@@ -72,6 +72,23 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- outbox_app -------------------------------------------------------------------
 OUTBOX_NAMESPACE = "sample-shop"
+# In-process handlers only by default. Set OUTBOX_BROKER_URL (for example
+# amqp://guest:guest@127.0.0.1:5672// or redis://127.0.0.1:6379/0) to also
+# publish every event to a broker.
+_broker_url = env("OUTBOX_BROKER_URL", default="")
+OUTBOX_PUBLISHERS = (
+    {
+        "broker": {
+            "URL": _broker_url,
+            "EXCHANGE": "shop.events",
+            "ROUTING_KEY": "{aggregate_type}.{event_type}",
+            "DECLARE": ["shop.events.all"],
+        }
+    }
+    if _broker_url
+    else {}
+)
+OUTBOX_CELERY_WAKE = env.bool("OUTBOX_CELERY_WAKE", default=False)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 
 LOGGING = {
