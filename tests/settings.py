@@ -89,9 +89,10 @@ OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0")
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
 OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
 OUTBOX_PUBLISHERS = json.loads(os.environ.get("OUTBOX_TEST_PUBLISHERS", "{}"))
+# No handler of its own: records propagate to the root logger, where pytest's
+# logging plugin captures them per test.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"outbox_app": {"handlers": ["console"], "level": "WARNING"}},
+    "loggers": {"outbox_app": {"level": "WARNING"}},
 }

@@ -118,7 +118,9 @@ def test_failing_handler__failed_retried_expired_requeued(registered, settings):
             raise ValueError(f"bad thing #{context.attempt}")
 
     place(1)
-    assert relay_once().failed == 1
+    fan_out()
+    # A seeded jitter: the first retry waits 0.32 of its 1 s ceiling, never ~0.
+    assert deliver(rng=random.Random(7)).failed == 1
     row = Notification.objects.get()
     assert (row.state, row.attempts) == (State.FAILED, 1)
     assert row.last_error == "bad thing #1"
@@ -374,6 +376,7 @@ def test_ordered__failed_head_waits_expired_head_blocks_only_its_aggregate(
     registered, settings
 ):
     settings.OUTBOX_MAX_ATTEMPTS = 2
+    settings.OUTBOX_RETRY_BASE_SECONDS = 600  # a retry is never due by itself here
     seen = []
 
     @registered(Step, name="strict", ordered=True)
@@ -440,3 +443,12 @@ def test_release_hands_back_unattempted_rows(handlers):
     assert len(ids) == 4
     assert Notification.objects.release(token) == 4
     assert set(rows.values_list("state", "attempts")) == {(State.PENDING, 0)}
+
+
+def test_autodiscovered_handler_delivers():
+    from tests.testapp.events import AuditRecorded
+
+    with transaction.atomic():
+        [row] = publish(AuditRecorded(note="hello"))
+    assert relay_once().succeeded == 1
+    assert SideEffect.objects.get(handler="record_audit").event_id == row.id

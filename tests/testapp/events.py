@@ -34,3 +34,10 @@ class Step(Event):
     """Ordered-delivery tests: position within an aggregate."""
 
     position: int
+
+
+@dataclass(frozen=True)
+class AuditRecorded(Event):
+    """Only tests.testapp.handlers (autodiscovered) subscribes to it."""
+
+    note: str

@@ -1,0 +1,23 @@
+"""What importing outbox_app costs and needs."""
+
+import subprocess
+import sys
+
+from outbox_app import registry
+
+
+def test_handlers_modules_are_autodiscovered():
+    spec = registry.get("tests.testapp.handlers.record_audit")
+    assert spec.event_types == frozenset({"AuditRecorded"})
+
+
+def test_outbox_app_never_imports_celery():
+    code = (
+        "import sys, django, os;"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 'tests.settings';"
+        "django.setup();"
+        "import outbox_app, outbox_app.relay, outbox_app.worker, outbox_app.admin;"
+        "from outbox_app import publish, handler;"
+        "assert 'celery' not in sys.modules, 'celery imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
