@@ -19,15 +19,6 @@ from .models import Notification, OutboxEvent
 from .registry import Subscriber
 from .registry import subscribers as all_subscribers
 
-_EVENT_FIELDS = (
-    "id",
-    "event_type",
-    "aggregate_type",
-    "aggregate_id",
-    "aggregate_version",
-    "tenant_id",
-)
-
 
 def fan_out(
     *,
@@ -65,7 +56,7 @@ def fan_out(
         pending = pending.filter(
             event_type__in=set().union(*(s.event_types for s in subscribers))
         )
-    pending = lock_waiting(pending.order_by("id").only(*_EVENT_FIELDS))
+    pending = lock_waiting(pending.order_by("id").only(*OutboxEvent.DELIVERY_FIELDS))
     total = 0
     while True:
         with transaction.atomic(using=using):
@@ -75,18 +66,7 @@ def fan_out(
             now = timezone.now()
             Notification.objects.using(using).bulk_create(
                 [
-                    Notification(
-                        event_id=event.id,
-                        subscriber=subscriber.name,
-                        event_type=event.event_type,
-                        aggregate_type=event.aggregate_type,
-                        aggregate_id=event.aggregate_id,
-                        aggregate_version=event.aggregate_version,
-                        tenant_id=event.tenant_id,
-                        next_retry_at=now,
-                        created_at=now,
-                        updated_at=now,
-                    )
+                    Notification.of(event, subscriber.name, now)
                     for event in events
                     for subscriber in subscribers
                     if subscriber.receives(event.event_type)

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import registry
-from .models import Notification
+from .models import Notification, OutboxEvent
 from .states import EXPIRABLE, REQUEUEABLE, RETRYABLE, State
 
 #: Rows one operation handles per statement.
@@ -155,16 +155,6 @@ class ReplayResult:
         return self.created + self.reset
 
 
-_EVENT_FIELDS = (
-    "id",
-    "event_type",
-    "aggregate_type",
-    "aggregate_id",
-    "aggregate_version",
-    "tenant_id",
-)
-
-
 def replay_to(
     events: QuerySet,
     subscriber_name: str,
@@ -194,7 +184,7 @@ def replay_to(
     names = subscriber.stored_names
     alias = events.db
     rows = Notification.objects.using(alias)
-    base = events.order_by("id").values_list(*_EVENT_FIELDS)
+    base = events.order_by("id").only(*OutboxEvent.DELIVERY_FIELDS)
     created = reset = skipped = 0
     last_id = None
     while True:
@@ -202,11 +192,11 @@ def replay_to(
         batch = list(page[:batch_size])
         if not batch:
             return ReplayResult(created, reset, skipped)
-        last_id = batch[-1][0]
+        last_id = batch[-1].id
         wanted = {
-            row[0]: row
-            for row in batch
-            if row[1] is not None and subscriber.receives(row[1])
+            event.id: event
+            for event in batch
+            if event.event_type is not None and subscriber.receives(event.event_type)
         }
         skipped += len(batch) - len(wanted)
         if not wanted:
@@ -215,39 +205,12 @@ def replay_to(
             now = timezone.now()
             existing = rows.filter(event_id__in=list(wanted), subscriber__in=names)
             existing_ids = set(existing.values_list("event_id", flat=True))
-            done = existing.exclude(state=State.RUNNING).update(
-                state=State.PENDING,
-                attempts=0,
-                next_retry_at=now,
-                completed_at=None,
-                locked_until=None,
-                lease_token=None,
-                locked_by="",
-                updated_at=now,
-            )
+            done = existing.replay(now)
             reset += done
             skipped += len(existing_ids) - done
             new = [
-                Notification(
-                    event_id=event_id,
-                    subscriber=subscriber.name,
-                    event_type=event_type,
-                    aggregate_type=aggregate_type,
-                    aggregate_id=aggregate_id,
-                    aggregate_version=aggregate_version,
-                    tenant_id=tenant_id,
-                    next_retry_at=now,
-                    created_at=now,
-                    updated_at=now,
-                )
-                for (
-                    event_id,
-                    event_type,
-                    aggregate_type,
-                    aggregate_id,
-                    aggregate_version,
-                    tenant_id,
-                ) in wanted.values()
+                Notification.of(event, subscriber.name, now)
+                for event_id, event in wanted.items()
                 if event_id not in existing_ids
             ]
             rows.bulk_create(new, ignore_conflicts=True)

@@ -242,6 +242,21 @@ class NotificationQuerySet(QuerySet):
             updated_at=now,
         )
 
+    def replay(self, now: datetime.datetime | None = None) -> int:
+        """Deliver again: every row but RUNNING ones -> PENDING, due now,
+        attempts reset (the last error kept as history). Returns rows reset."""
+        now = now or timezone.now()
+        return self.exclude(state=State.RUNNING).update(
+            state=State.PENDING,
+            attempts=0,
+            next_retry_at=now,
+            completed_at=None,
+            locked_until=None,
+            lease_token=None,
+            locked_by="",
+            updated_at=now,
+        )
+
     def _in_batches(self, queryset: QuerySet, batch_size: int, **fields) -> int:
         total = 0
         last_id = 0
