@@ -8,6 +8,10 @@ Both relays deliver to a publisher that accepts everything at once (no broker),
 so the numbers are the database work of claiming and recording deliveries. The
 baseline is what most outbox libraries do: per row, a transaction that locks one
 due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported), sends it, marks it.
+
+With ``--broker amqp://...`` both relays publish to a real RabbitMQ exchange with
+persistent messages and publisher confirms (KombuPublisher; the baseline sends
+one message per transaction, so it waits for each confirm).
 """
 
 from __future__ import annotations
@@ -89,9 +93,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--broker", help="kombu URL: publish to a real broker")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     publisher = NullPublisher("bench-null", {})
+    if args.broker:
+        from outbox_app.publishers.kombu import KombuPublisher
+
+        publisher = KombuPublisher(
+            "bench-broker",
+            {
+                "URL": args.broker,
+                "EXCHANGE": "outbox-bench",
+                "DECLARE": ["outbox-bench"],
+            },
+        )
     rates: dict[str, list[float]] = {"one row per transaction": [], "outbox_app": []}
     for _ in range(args.rounds):
         rates["one row per transaction"].append(
@@ -99,13 +115,21 @@ def main() -> None:
         )
         rates["outbox_app"].append(batched(args.events, publisher))
     base = statistics.median(rates["one row per transaction"])
-    print(f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds")
+    print(
+        f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
+        f"publisher: {args.broker or 'none (accepts at once)'}"
+    )
     print(f"{'relay':<26}{'deliveries/s (median)':>24}{'vs baseline':>13}")
     for name, values in rates.items():
         rate = statistics.median(values)
         print(f"{name:<26}{rate:>24.0f}{rate / base:>12.1f}x")
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
+    if args.broker:
+        with publisher._connection.channel() as channel:
+            channel.queue_delete("outbox-bench")
+            channel.exchange_delete("outbox-bench")
+        publisher.close()
 
 
 if __name__ == "__main__":
