@@ -138,6 +138,16 @@ class NotificationQuerySet(QuerySet):
         """Rows still held under ``token``: the fence every outcome passes."""
         return self.filter(lease_token=token, state=State.RUNNING)
 
+    def renew(
+        self, token: uuid.UUID, lease_seconds: float, now: datetime.datetime
+    ) -> int:
+        """Extend the lease of the rows still held under ``token`` to
+        ``now + lease_seconds``. Returns rows renewed."""
+        expiry = now + datetime.timedelta(seconds=lease_seconds)
+        return self.leased(token).update(
+            locked_until=expiry, next_retry_at=expiry, updated_at=now
+        )
+
     def succeed(self, token: uuid.UUID, now: datetime.datetime | None = None) -> int:
         """Mark the rows held under ``token`` SUCCEEDED. Returns rows written."""
         now = now or timezone.now()

@@ -216,15 +216,20 @@ def _deliver_batch(
     )
     outcome = _Outcome(subscriber, token, using, now, rng)
     if isinstance(subscriber, Handler):
+        lease = outbox_settings.LEASE_SECONDS
+        claimed_at = renewed_at = time.monotonic()
         for position, row in enumerate(claimed):
+            rest = Notification.objects.using(using).filter(
+                id__in=[r.id for r in claimed[position:]]
+            )
             if stop.is_set():
-                unattempted = [r.id for r in claimed[position:]]
-                outcome.report.released = (
-                    Notification.objects.using(using)
-                    .filter(id__in=unattempted)
-                    .release(token)
-                )
+                outcome.report.released = rest.release(token)
                 break
+            if time.monotonic() - renewed_at > lease / 2:
+                # Handlers run one by one: keep the rows still to run leased.
+                renewed_at = time.monotonic()
+                clock = now + timedelta(seconds=renewed_at - claimed_at)
+                rest.renew(token, lease, clock)
             outcome.run_handler(subscriber, row)
     else:
         outcome.run_publisher(claimed)

@@ -452,3 +452,23 @@ def test_autodiscovered_handler_delivers():
         [row] = publish(AuditRecorded(note="hello"))
     assert relay_once().succeeded == 1
     assert SideEffect.objects.get(handler="record_audit").event_id == row.id
+
+
+def test_long_handler_batch_keeps_its_rows_leased(registered, settings):
+    """Handlers run one by one; the rows waiting their turn are re-leased, so a
+    batch longer than the lease is not taken by another relay meanwhile."""
+    import time
+
+    settings.OUTBOX_LEASE_SECONDS = 0.4
+    seen = []
+
+    @registered(OrderPlaced, name="slow_batch")
+    def slow_batch(event, context):
+        row = Notification.objects.get(id=context.notification_id)
+        seen.append((timezone.now(), row.locked_until))
+        time.sleep(0.15)
+
+    place(6)
+    assert relay_once().succeeded == 6
+    # Every row was still leased when its turn came, 0.9 s into a 0.4 s lease.
+    assert all(now < locked_until for now, locked_until in seen)
