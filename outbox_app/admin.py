@@ -154,7 +154,7 @@ class NotificationAdmin(_OutboxAdminMixin, admin.ModelAdmin):
         "Notification id, event id, aggregate id (exact) or words of the last error."
     )
     show_full_result_count = False
-    actions = ["requeue_selected", "retry_now", "mark_expired"]
+    actions = ["requeue_selected", "retry_now", "mark_expired", "skip_selected"]
     readonly_fields = ["event_link", "error_text", "traceback_text"]
     fieldsets = [
         (
@@ -299,6 +299,26 @@ class NotificationAdmin(_OutboxAdminMixin, admin.ModelAdmin):
                 "Nothing was marked expired: only pending or failed notifications "
                 "can be."
             ),
+        )
+
+    @admin.action(
+        permissions=["requeue"],
+        description=gettext_lazy(
+            "Skip selected failed or expired notifications (give up delivering)"
+        ),
+    )
+    def skip_selected(self, request, queryset):
+        self._transition(
+            request,
+            queryset,
+            "skip",
+            log=_("Skipped: will not be delivered; its aggregate flows on."),
+            done=lambda n: ngettext(
+                "%(count)d notification was skipped.",
+                "%(count)d notifications were skipped.",
+                n,
+            ),
+            none=_("Nothing was skipped: only failed or expired notifications can be."),
         )
 
     def _transition(self, request, queryset, transition, *, log, done, none) -> None:

@@ -7,6 +7,7 @@ one subscriber, and carries the delivery state machine::
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
                           '------> EXPIRED (the dead letter) --requeue--> PENDING
+    FAILED / EXPIRED --skip (an operator gives up on it)--> SKIPPED
 """
 
 from __future__ import annotations

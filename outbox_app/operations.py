@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from . import registry
 from .models import Notification, OutboxEvent
-from .states import EXPIRABLE, REQUEUEABLE, RETRYABLE, State
+from .states import EXPIRABLE, REQUEUEABLE, RETRYABLE, SKIPPABLE, State
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
@@ -30,6 +30,7 @@ TRANSITION_STATES: dict[str, tuple[State, ...]] = {
     "requeue": REQUEUEABLE,
     "retry_now": RETRYABLE,
     "expire": EXPIRABLE,
+    "skip": SKIPPABLE,
 }
 
 

@@ -2,9 +2,9 @@
 
 What goes, once older than ``OUTBOX_RETENTION_DAYS`` (or ``older_than_days``):
 
-- SUCCEEDED notifications completed before the cutoff;
+- SUCCEEDED (and SKIPPED) notifications completed before the cutoff;
 - outbox events fanned out (``delivered``) and published before the cutoff
-  whose every delivery SUCCEEDED before the cutoff (with those notifications);
+  whose every delivery finished before the cutoff (with those notifications);
 - sentinel rows (actions that published nothing) created before the cutoff.
 
 What never goes, however old: PENDING, RUNNING, FAILED and EXPIRED
@@ -31,7 +31,7 @@ from django.utils import timezone
 from .conf import outbox_settings
 from .db import lock_waiting
 from .models import Notification, OutboxEvent
-from .states import State
+from .states import FINISHED
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -95,10 +95,10 @@ def cutoff_for(
 def purgeable(cutoff: datetime.datetime, *, using: str = "default") -> Purgeable:
     """What a purge deletes at ``cutoff``, as querysets (nothing is evaluated)."""
     notifications = Notification.objects.using(using)
-    finished = Q(state=State.SUCCEEDED, completed_at__lt=cutoff)
+    finished = Q(state__in=FINISHED, completed_at__lt=cutoff)
     # A delivery that keeps its event: unfinished, or finished after the cutoff.
     keeps_event = notifications.filter(event=OuterRef("pk")).filter(
-        ~Q(state=State.SUCCEEDED)
+        ~Q(state__in=FINISHED)
         | Q(completed_at__isnull=True)
         | Q(completed_at__gte=cutoff)
     )

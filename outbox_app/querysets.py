@@ -18,7 +18,15 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .db import lock_skipping_locked
-from .states import CLAIMABLE, EXPIRABLE, REQUEUEABLE, RETRYABLE, UNFINISHED, State
+from .states import (
+    CLAIMABLE,
+    EXPIRABLE,
+    REQUEUEABLE,
+    RETRYABLE,
+    SKIPPABLE,
+    UNFINISHED,
+    State,
+)
 
 
 class OutboxEventQuerySet(QuerySet):
@@ -248,6 +256,18 @@ class NotificationQuerySet(QuerySet):
             self.filter(state__in=EXPIRABLE),
             batch_size,
             state=State.EXPIRED,
+            completed_at=now,
+            updated_at=now,
+        )
+
+    def skip(self, batch_size: int = 1000) -> int:
+        """Give up delivering: FAILED/EXPIRED -> SKIPPED, finished, the error
+        kept. An ordered subscriber's aggregate held back by the row flows on."""
+        now = timezone.now()
+        return self._in_batches(
+            self.filter(state__in=SKIPPABLE),
+            batch_size,
+            state=State.SKIPPED,
             completed_at=now,
             updated_at=now,
         )

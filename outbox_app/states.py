@@ -5,6 +5,7 @@
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
                           '------> EXPIRED (the dead letter) --requeue--> PENDING
+    FAILED / EXPIRED --skip (an operator gives up on it)--> SKIPPED
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class State(models.TextChoices):
     SUCCEEDED = "SUCCEEDED", _("succeeded")
     FAILED = "FAILED", _("failed")
     EXPIRED = "EXPIRED", _("expired")
+    SKIPPED = "SKIPPED", _("skipped")
 
 
 #: A claim takes these once due: waiting, failed and due, or leased with the lease
@@ -32,3 +34,8 @@ REQUEUEABLE = (State.FAILED, State.EXPIRED)
 RETRYABLE = (State.FAILED,)
 #: An operator may stop retrying these (-> EXPIRED).
 EXPIRABLE = (State.PENDING, State.FAILED)
+#: An operator may give up delivering these (-> SKIPPED), which unblocks an
+#: ordered subscriber's aggregate.
+SKIPPABLE = (State.FAILED, State.EXPIRED)
+#: Done with: purge may delete these once old.
+FINISHED = (State.SUCCEEDED, State.SKIPPED)

@@ -120,6 +120,18 @@ def test_mark_expired__pending_and_failed_stop(admin_client, rows):
     assert LogEntry.objects.count() == 2
 
 
+def test_skip_selected__failed_and_expired_are_given_up(admin_client, rows):
+    response = run_action(admin_client, NOTIFICATIONS, "skip_selected", rows.values())
+    assert messages_of(response)[0].startswith("2 notifications were skipped.")
+    failed, expired, pending = reload(
+        rows[State.FAILED], rows[State.EXPIRED], rows[State.PENDING]
+    )
+    assert (failed.state, expired.state) == (State.SKIPPED, State.SKIPPED)
+    assert expired.completed_at is not None
+    assert pending.state == State.PENDING
+    assert LogEntry.objects.count() == 2
+
+
 def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client):
     event_rows = events(3)
     expired = [notification(e, "a", State.EXPIRED) for e in event_rows]

@@ -472,3 +472,27 @@ def test_long_handler_batch_keeps_its_rows_leased(registered, settings):
     assert relay_once().succeeded == 6
     # Every row was still leased when its turn came, 0.9 s into a 0.4 s lease.
     assert all(now < locked_until for now, locked_until in seen)
+
+
+def test_skipping_an_expired_head_unblocks_its_aggregate(registered, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 1
+    seen = []
+
+    @registered(Step, name="skippy", ordered=True)
+    def skippy(event, context):
+        if event.position == 0:
+            raise ValueError("poison")
+        seen.append(event.position)
+
+    with transaction.atomic():
+        for position in range(3):
+            publish(Step(position=position), aggregate=("shop.Cart", "p"))
+    relay_once()
+    rows = Notification.objects.for_subscribers(["skippy"])
+    assert rows.blocked_aggregates() == 1 and seen == []
+    assert rows.filter(state=State.EXPIRED).skip() == 1
+    relay_once()
+    assert seen == [1, 2]
+    head = rows.get(state=State.SKIPPED)
+    assert head.last_error == "poison" and head.completed_at is not None
+    assert rows.blocked_aggregates() == 0

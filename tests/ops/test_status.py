@@ -40,6 +40,7 @@ def test_overview__counts_lag_expired_per_subscriber():
         "SUCCEEDED": 0,
         "FAILED": 1,
         "EXPIRED": 1,
+        "SKIPPED": 0,
     }
     assert row["total"] == 3
     assert row["expired"] == 1
