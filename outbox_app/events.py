@@ -235,7 +235,27 @@ def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, An
         raise PayloadTooLarge(
             f"{label} payload is {size} bytes; OUTBOX_MAX_PAYLOAD_BYTES is {max_bytes}"
         )
-    return json.loads(text)
+    decoded = json.loads(text)
+    # JSON escapes NUL as \u0000: only then look for the field holding it.
+    for key, value in decoded.items() if "\\u0000" in text else ():
+        if _has_nul(key) or _has_nul(value):
+            # PostgreSQL's jsonb refuses NUL characters; refuse them everywhere.
+            raise InvalidPayload(
+                f"{label}.{key} contains a NUL character, which JSON columns "
+                "cannot store",
+                field=str(key),
+            )
+    return decoded
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _offending_field(payload: Mapping[str, Any]) -> str | None:

@@ -204,9 +204,9 @@ class NotificationQuerySet(QuerySet):
         shutting down): due now, the claim's attempt taken back."""
         now = now or timezone.now()
         return self.leased(token).update(
-            # A row that failed before goes back to FAILED, a fresh one to PENDING.
+            # A row with a failed attempt before this one goes back to FAILED.
             state=Case(
-                When(first_failed_at__isnull=False, then=Value(State.FAILED)),
+                When(attempts__gt=1, then=Value(State.FAILED)),
                 default=Value(State.PENDING),
             ),
             attempts=F("attempts") - 1,

@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from . import registry
 from .backoff import retry_delay
 from .conf import outbox_settings
 from .events import decode, event_class
-from .exceptions import HandlerTimeout, LeaseLost
+from .exceptions import DeliveryError, HandlerTimeout, LeaseLost
 from .fanout import fan_out
 from .models import Notification
 from .registry import DeliveryContext, Handler, Kind, Subscriber
@@ -225,8 +225,9 @@ def _deliver_batch(
             if stop.is_set():
                 outcome.report.released = rest.release(token)
                 break
-            if time.monotonic() - renewed_at > lease / 2:
-                # Handlers run one by one: keep the rows still to run leased.
+            if time.monotonic() - renewed_at > lease / 10:
+                # Handlers run one by one: each starts with at least 90% of a
+                # lease, and the rows waiting their turn stay leased.
                 renewed_at = time.monotonic()
                 clock = now + timedelta(seconds=renewed_at - claimed_at)
                 rest.renew(token, lease, clock)
@@ -248,6 +249,12 @@ class _Outcome:
         self.now = now
         self.rng = rng
         self.report = RelayReport()
+        self._started = time.monotonic()
+
+    def clock(self) -> datetime:
+        """The batch's clock now: its claim time plus the time spent since (so a
+        test's fixed clock moves on as the batch runs)."""
+        return self.now + timedelta(seconds=time.monotonic() - self._started)
 
     def _row(self, row: Notification):
         return Notification.objects.using(self.using).filter(id=row.id)
@@ -268,8 +275,12 @@ class _Outcome:
         try:
             event = _event_for(row)
             with transaction.atomic(using=self.using):
-                with _time_limit(handler.timeout):
+                with _time_limit(handler.timeout) as timer:
                     handler.fn(event, context_for(row))
+                if timer.fired:  # the handler caught HandlerTimeout and returned
+                    raise HandlerTimeout(
+                        f"handler ran longer than its timeout of {handler.timeout}s"
+                    )
                 if not self._row(row).succeed(self.token, timezone.now()):
                     raise LeaseLost(f"lease on notification {row.id} was lost")
         except LeaseLost:
@@ -307,6 +318,12 @@ class _Outcome:
                 )
         except Exception as exc:
             outcomes = [exc] * len(fresh)
+        outcomes = [
+            o
+            if o is None or isinstance(o, BaseException)
+            else DeliveryError(f"{type(publisher).__name__} reported {o!r}")
+            for o in outcomes
+        ]
         delivered = [
             row.id for row, error in zip(fresh, outcomes, strict=True) if error is None
         ]
@@ -340,17 +357,29 @@ class _Outcome:
                 outbox_settings.RETRY_MAX_SECONDS,
                 self.rng,
             )
-            retry_at = self.now + timedelta(seconds=delay)
+            retry_at = self.clock() + timedelta(seconds=delay)
         limit = outbox_settings.TRACEBACK_MAX_CHARS
         text = "".join(traceback.format_exception(exc))
-        written = self._row(row).fail(
-            self.token,
-            error=str(exc) or repr(exc),
-            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            traceback=text[-limit:] if limit else "",
-            retry_at=retry_at,
-            now=timezone.now(),
-        )
+        try:
+            written = self._row(row).fail(
+                self.token,
+                # PostgreSQL text cannot hold NUL characters.
+                error=(str(exc) or repr(exc)).replace("\x00", "\\x00"),
+                error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback=(text[-limit:] if limit else "").replace("\x00", "\\x00"),
+                retry_at=retry_at,
+                now=timezone.now(),
+            )
+        except DatabaseError:
+            # The row stays RUNNING and is retried once its lease runs out; the
+            # rest of the batch goes on.
+            logger.exception(
+                "%s: could not record the failure of notification %s: %s",
+                self.subscriber.name,
+                row.id,
+                exc,
+            )
+            return
         if not written:
             self.lost(row)
             return
@@ -417,21 +446,29 @@ def _event_for(row: Notification) -> Any:
     return decode(event.event_type, event.revision, event.payload)
 
 
+class _Timer:
+    fired = False
+
+
 @contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
+def _time_limit(seconds: float | None) -> Iterator[_Timer]:
     """Interrupt the block with HandlerTimeout after ``seconds`` (SIGALRM; only
-    in the main thread, the relay command's; elsewhere the lease bounds it)."""
+    in the main thread, the relay command's; elsewhere the lease bounds it).
+    ``timer.fired`` tells afterwards whether it went off, even if the block
+    caught the exception."""
+    timer = _Timer()
     if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
+        yield timer
         return
 
     def interrupt(signum, frame):
+        timer.fired = True
         raise HandlerTimeout(f"handler ran longer than its timeout of {seconds}s")
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        yield timer
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

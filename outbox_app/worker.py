@@ -73,7 +73,15 @@ class RelayWorker:
         self._listener: Listener | None = None
 
     def stop(self, *args: object) -> None:
-        """Ask the loop to stop after the current batch (a signal handler)."""
+        """Ask the loop to stop after the current batch (a signal handler).
+
+        The events are set from a helper thread: a signal handler runs in the
+        main thread, which may be inside ``Event.wait()`` holding the lock that
+        ``Event.set()`` needs.
+        """
+        threading.Thread(target=self._stop, name="outbox-relay-stop").start()
+
+    def _stop(self) -> None:
         if not self.stopping.is_set():
             logger.info("relay stopping: finishing the current batch")
         self.stopping.set()

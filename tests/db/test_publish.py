@@ -345,3 +345,19 @@ def test_occurred_and_created_at_are_set():
     row = OutboxEvent.objects.get()
     assert before <= row.occurred_at <= timezone.now()
     assert row.created_at == row.occurred_at
+
+
+def test_publish__nul_characters_are_refused_before_the_insert():
+    with transaction.atomic():
+        with pytest.raises(
+            InvalidPayload, match=r"Untyped\.note contains a NUL"
+        ) as info:
+            publish({"event_type": "Untyped", "payload": {"ok": "x", "note": "a\x00b"}})
+        assert info.value.field == "note"
+        with pytest.raises(InvalidPayload, match="headers.trace"):
+            publish(
+                {"event_type": "Untyped", "payload": {}}, headers={"trace": ["\x00"]}
+            )
+        # A backslash followed by "u0000" is just text.
+        publish({"event_type": "Untyped", "payload": {"path": "C:\\u0000"}})
+    assert OutboxEvent.objects.get().payload == {"path": "C:\\u0000"}
