@@ -19,21 +19,17 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from . import ids
 from .db import FilteredIndex
 from .events import OutboxJSONEncoder
 from .querysets import NotificationQuerySet, OutboxEventQuerySet
 from .states import CLAIMABLE, UNFINISHED, State
 
-try:  # Python 3.14+
-    from uuid import uuid7 as _uuid7  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the Python version
-    from uuid6 import uuid7 as _uuid7
-
 
 def new_event_id() -> uuid.UUID:
-    """A UUIDv7: time-ordered, so the primary key index stays append-mostly and
-    ids sort in publish order within a process."""
-    return _uuid7()
+    """A UUIDv7 (see :mod:`outbox_app.ids`): time-ordered, so the primary key
+    index stays append-mostly and ids sort in the order they were made."""
+    return ids.new_event_id()
 
 
 class OutboxEvent(models.Model):
