@@ -1,0 +1,65 @@
+"""Claims against rows another transaction holds (two connections)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections, transaction
+from django.test import skipUnlessDBFeature
+
+from outbox_app import Notification, publish
+from outbox_app.fanout import fan_out
+from outbox_app.registry import Subscriber
+from tests.testapp.events import Step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORDERED = Subscriber(name="ord", event_types=frozenset({"Step"}), ordered=True)
+UNORDERED = Subscriber(name="any", event_types=frozenset({"Step"}))
+
+
+def held(row_id: int):
+    """Lock one notification row in another connection until released."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                list(Notification.objects.select_for_update().filter(id=row_id))
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(30)
+    return release, thread
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_locked_head_is_skipped_and_does_not_promote_the_next_row():
+    with transaction.atomic():
+        for position in range(3):
+            publish(Step(position=position), aggregate=("shop.Cart", "1"))
+    fan_out(subscribers=[ORDERED, UNORDERED])
+    rows = Notification.objects.for_subscribers(["ord"]).order_by("event_id")
+    head = rows.first()
+    unordered_head = Notification.objects.filter(subscriber="any").order_by("id")[0]
+    release, thread = held(head.id)
+    release_other, other = held(unordered_head.id)
+    try:
+        _, ids = rows.claim(limit=10, lease_seconds=60, worker="b", ordered=True)
+        assert ids == []  # not the locked head, and not its successor either
+        _, ids = Notification.objects.filter(subscriber="any").claim(
+            limit=10, lease_seconds=60, worker="b"
+        )
+        assert len(ids) == 2 and unordered_head.id not in ids  # skipped, not waited
+    finally:
+        release.set()
+        release_other.set()
+        thread.join()
+        other.join()
+    _, ids = rows.claim(limit=10, lease_seconds=60, worker="b", ordered=True)
+    assert ids == [head.id]
