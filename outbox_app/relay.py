@@ -198,6 +198,7 @@ def _deliver_batch(
     rng: random.Random | None,
     stop: threading.Event,
 ) -> RelayReport:
+    started = time.monotonic()  # when ``now`` was read, give or take
     rows = Notification.objects.using(using).for_subscribers(subscriber.stored_names)
     token, ids = rows.claim(
         limit=batch_size,
@@ -214,10 +215,10 @@ def _deliver_batch(
         .select_related("event")
         .order_by("id")
     )
-    outcome = _Outcome(subscriber, token, using, now, rng)
+    outcome = _Outcome(subscriber, token, using, now, rng, started)
     if isinstance(subscriber, Handler):
         lease = outbox_settings.LEASE_SECONDS
-        claimed_at = renewed_at = time.monotonic()
+        claimed_at = renewed_at = started
         for position, row in enumerate(claimed):
             rest = Notification.objects.using(using).filter(
                 id__in=[r.id for r in claimed[position:]]
@@ -242,14 +243,14 @@ class _Outcome:
     """Writes the outcomes of one claimed batch (all compare-and-set on the
     batch's lease token)."""
 
-    def __init__(self, subscriber, token, using, now, rng):
+    def __init__(self, subscriber, token, using, now, rng, started=None):
         self.subscriber = subscriber
         self.token = token
         self.using = using
         self.now = now
         self.rng = rng
         self.report = RelayReport()
-        self._started = time.monotonic()
+        self._started = time.monotonic() if started is None else started
 
     def clock(self) -> datetime:
         """The batch's clock now: its claim time plus the time spent since (so a
