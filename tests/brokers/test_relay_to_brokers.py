@@ -47,6 +47,22 @@ def publish_across_aggregates(count: int) -> list[OutboxEvent]:
     return rows
 
 
+def publisher_relay(publishers: dict, batch_size: int) -> Watched:
+    """``manage.py relay --only publishers`` in its own process."""
+    return Watched(
+        spawn(
+            "manage.py",
+            "relay",
+            "--settings=tests.settings",
+            "--only",
+            "publishers",
+            "--batch-size",
+            str(batch_size),
+            OUTBOX_TEST_PUBLISHERS=json.dumps(publishers),
+        )
+    )
+
+
 def configure(settings, url: str, exchange: str, **options) -> None:
     settings.OUTBOX_PUBLISHERS = {
         "bus": {"URL": url, "EXCHANGE": exchange, "CONFIRM_TIMEOUT": 10, **options}
@@ -145,18 +161,7 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
         }
     }
     proxy.freeze()
-    relay = Watched(
-        spawn(
-            "manage.py",
-            "relay",
-            "--settings=tests.settings",
-            "--only",
-            "publishers",
-            "--batch-size",
-            "8",
-            OUTBOX_TEST_PUBLISHERS=json.dumps(options),
-        )
-    )
+    relay = publisher_relay(options, batch_size=8)
     try:
         wait_for(
             lambda: (
@@ -192,21 +197,7 @@ def test_two_relays_20000_events__none_twice_none_lost(rabbitmq, settings, uniqu
                 ]
             )
     options = {"bus": {"URL": RABBITMQ_URL, "EXCHANGE": unique}}
-    relays = [
-        Watched(
-            spawn(
-                "manage.py",
-                "relay",
-                "--settings=tests.settings",
-                "--only",
-                "publishers",
-                "--batch-size",
-                "500",
-                OUTBOX_TEST_PUBLISHERS=json.dumps(options),
-            )
-        )
-        for _ in range(2)
-    ]
+    relays = [publisher_relay(options, batch_size=500) for _ in range(2)]
     try:
         wait_for(
             lambda: Notification.objects.filter(state=State.SUCCEEDED).count() == total,
