@@ -2,10 +2,11 @@
 
 import django.db.models.deletion
 import django.utils.timezone
+from django.db import migrations, models
+
 import outbox_app.db
 import outbox_app.events
 import outbox_app.models
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
