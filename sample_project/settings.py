@@ -1,8 +1,22 @@
 """The sample shop's settings, read from the environment (django-environ).
 
-Defaults run on a bare machine: SQLite next to manage.py, in-process handlers,
-no broker. Set ``DATABASE_URL`` and ``CELERY_BROKER_URL`` /
-``OUTBOX_BROKER_URL`` to try PostgreSQL, MariaDB, RabbitMQ or Redis.
+Defaults run on a bare machine: SQLite (WAL) next to manage.py, in-process
+handlers, and kombu's in-memory transport (``memory://``) as the broker
+publisher's URL. Set ``DATABASE_URL``, ``OUTBOX_BROKER_URL`` and
+``CELERY_BROKER_URL`` to try PostgreSQL, MariaDB, RabbitMQ or Redis.
+
+Environment:
+    DATABASE_URL: django-environ database URL (default: sqlite sample.sqlite3).
+    OUTBOX_BROKER_URL: kombu URL the "broker" publisher sends every event to
+        (default ``memory://``: in-process, lost on exit).
+    SHOP_EVENTS_EXCHANGE: its topic exchange (default ``shop.events``);
+        ``consume_events`` reads queue ``<exchange>.all``.
+    OUTBOX_BATCH_SIZE, OUTBOX_POLL_INTERVAL, OUTBOX_MAX_ATTEMPTS: the relay's.
+    CELERY_BROKER_URL, CELERY_TASK_DEFAULT_QUEUE, OUTBOX_CELERY_WAKE: Celery
+        (sample_project/celery.py).
+    EMAIL_BACKEND: where confirmation e-mails go (default locmem: kept in
+        memory, never printed, so a 10,000-order simulation stays quiet; use
+        django.core.mail.backends.console.EmailBackend to see them).
 """
 
 from pathlib import Path
@@ -72,24 +86,27 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- outbox_app -------------------------------------------------------------------
 OUTBOX_NAMESPACE = "sample-shop"
-# In-process handlers only by default. Set OUTBOX_BROKER_URL (for example
-# amqp://guest:guest@127.0.0.1:5672// or redis://127.0.0.1:6379/0) to also
-# publish every event to a broker.
-_broker_url = env("OUTBOX_BROKER_URL", default="")
-OUTBOX_PUBLISHERS = (
-    {
-        "broker": {
-            "URL": _broker_url,
-            "EXCHANGE": "shop.events",
-            "ROUTING_KEY": "{aggregate_type}.{event_type}",
-            "DECLARE": ["shop.events.all"],
-        }
+OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
+OUTBOX_POLL_INTERVAL = env.float("OUTBOX_POLL_INTERVAL", default=1.0)
+OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=10)
+SHOP_BROKER_URL = env("OUTBOX_BROKER_URL", default="memory://")
+SHOP_EVENTS_EXCHANGE = env("SHOP_EVENTS_EXCHANGE", default="shop.events")
+SHOP_EVENTS_QUEUE = f"{SHOP_EVENTS_EXCHANGE}.all"
+OUTBOX_PUBLISHERS = {
+    "broker": {
+        "URL": SHOP_BROKER_URL,
+        "EXCHANGE": SHOP_EVENTS_EXCHANGE,
+        "ROUTING_KEY": "{aggregate_type}.{event_type}",
+        "DECLARE": [SHOP_EVENTS_QUEUE],
     }
-    if _broker_url
-    else {}
-)
+}
 OUTBOX_CELERY_WAKE = env.bool("OUTBOX_CELERY_WAKE", default=False)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
+
+EMAIL_BACKEND = env(
+    "EMAIL_BACKEND", default="django.core.mail.backends.locmem.EmailBackend"
+)
 
 LOGGING = {
     "version": 1,

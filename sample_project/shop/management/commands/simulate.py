@@ -1,0 +1,378 @@
+"""``python manage.py simulate``: drive the shop through its views, let the relay
+and the broker consumer catch up, and reconcile both ends of the outbox."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.db.models import Count
+from django.test import Client
+
+from outbox_app import Notification, OutboxEvent
+from outbox_app.registry import subscribers
+from outbox_app.relay import relay_once
+from outbox_app.states import State
+from sample_project.shop.consumer import EventConsumer
+from sample_project.shop.handlers import REVIEW_THRESHOLD, PaymentFlagged
+from sample_project.shop.models import ConsumedMessage, Product
+
+SKUS = ["mug", "tee", "cap", "sock", "pen"]
+UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED)
+
+
+class Command(BaseCommand):
+    help = (
+        "Simulate shop traffic through the shop's JSON views (Django's test Client "
+        "in --concurrency threads: real views, real transactions): orders placed, "
+        "paid from wallets, cancelled, deposits, withdrawals failing on "
+        "insufficient funds (their transactions roll back with their events). "
+        "By default the relay and the broker consumer run in this process until "
+        "everything is delivered; with --no-relay, external relays (manage.py relay "
+        "or Celery worker+beat) and an external `manage.py consume_events` must do "
+        "it within --timeout. Then prints a reconciliation of committed events vs "
+        "deliveries per subscriber vs messages consumed from the broker, and exits "
+        "with an error if anything committed was not delivered, anything delivered "
+        "was never committed, or a message was consumed twice."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--orders", type=int, default=300, help="Orders to place.")
+        parser.add_argument(
+            "--concurrency", type=int, default=4, help="Client threads (default 4)."
+        )
+        parser.add_argument(
+            "--failure-rate",
+            type=float,
+            default=0.05,
+            help="Share of orders (0-1) whose payment the shop.fraud_check handler "
+            "rejects (an expected dead letter). Default 0.05.",
+        )
+        parser.add_argument(
+            "--no-relay",
+            action="store_true",
+            help="Do not run the relay and consumer in-process; wait for external "
+            "ones.",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=300.0,
+            help="Seconds to wait for delivery after the traffic (default 300).",
+        )
+        parser.add_argument("--seed", type=int, default=1, help="Random seed.")
+
+    def handle(self, *args, **options):
+        orders, concurrency = options["orders"], options["concurrency"]
+        rate = options["failure_rate"]
+        if orders < 1 or concurrency < 1:
+            raise CommandError("--orders and --concurrency must be positive")
+        if not 0 <= rate <= 1:
+            raise CommandError("--failure-rate must be between 0 and 1")
+        if options["no_relay"] and settings.SHOP_BROKER_URL.startswith("memory://"):
+            raise CommandError(
+                "--no-relay needs a real broker (OUTBOX_BROKER_URL): memory:// "
+                "cannot reach another process's consumer"
+            )
+        # 409s and expected dead letters are part of the traffic: keep stderr for
+        # the progress bar.
+        logging.getLogger("django.request").setLevel(logging.ERROR)
+        logging.getLogger("outbox_app").setLevel(logging.ERROR)
+        for sku in SKUS:
+            Product.objects.get_or_create(sku=sku, defaults={"stock": 10**6})
+        background = [] if options["no_relay"] else _InProcess().start()
+        started = time.monotonic()
+        traffic = _Traffic(orders, rate, options["seed"], self._progress)
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(traffic.run, range(concurrency), [concurrency] * concurrency))
+        driven = time.monotonic() - started
+        sys.stderr.write("\n")
+        delivered = self._wait(options["timeout"])
+        for stop in background:
+            stop()
+        elapsed = time.monotonic() - started
+        self.stdout.write(
+            f"traffic: {sum(traffic.calls.values())} requests in {driven:.1f}s "
+            f"({sum(traffic.calls.values()) / driven:.0f}/s); all delivered after "
+            f"{elapsed:.1f}s" + ("" if delivered else " (TIMED OUT)")
+        )
+        for (kind, status), count in sorted(traffic.calls.items()):
+            self.stdout.write(f"  {kind:<10} HTTP {status}: {count}")
+        problems = _Reconciliation(traffic.rolled_back).report(self.stdout.write)
+        if problems:
+            raise CommandError("reconciliation failed: " + "; ".join(problems))
+        self.stdout.write(self.style.SUCCESS("reconciliation: OK"))
+
+    def _progress(self, done: int, total: int) -> None:
+        width = 30
+        filled = int(done / total * width)
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} orders"
+        )
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait until nothing is left to deliver or consume; True when done."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = _outstanding()
+            sys.stderr.write(f"\rwaiting for delivery: {left} outstanding    ")
+            sys.stderr.flush()
+            if left == 0:
+                sys.stderr.write("\n")
+                return True
+            if time.monotonic() >= deadline:
+                sys.stderr.write("\n")
+                return False
+            time.sleep(2.0)
+
+
+def _outstanding() -> int:
+    """Events not fanned out + notifications not finished + broker deliveries
+    not consumed yet."""
+    broker = Notification.objects.filter(
+        subscriber__in=_publisher_names(), state=State.SUCCEEDED
+    ).count()
+    return (
+        OutboxEvent.objects.undelivered().count()
+        + Notification.objects.filter(state__in=UNFINISHED).count()
+        + max(broker - ConsumedMessage.objects.count(), 0)
+    )
+
+
+def _publisher_names() -> list[str]:
+    return [s.name for s in subscribers("publisher")]
+
+
+class _Traffic:
+    """The shop's customers: each thread takes every ``step``-th order."""
+
+    def __init__(self, orders: int, failure_rate: float, seed: int, progress):
+        self.orders, self.failure_rate, self.seed = orders, failure_rate, seed
+        self.progress = progress
+        self.calls: Counter = Counter()
+        self.rolled_back: set[str] = set()
+        self.done = 0
+        self.every = max(orders // 40, 25)
+        self.lock = threading.Lock()
+
+    def run(self, first: int, step: int) -> None:
+        client = Client(HTTP_HOST="localhost")
+        try:
+            for i in range(first, self.orders, step):
+                self._customer(client, i)
+                with self.lock:
+                    self.done += 1
+                    if self.done % self.every == 0 or self.done == self.orders:
+                        self.progress(self.done, self.orders)
+        finally:
+            connections.close_all()
+
+    def _customer(self, client: Client, i: int) -> None:
+        rng = random.Random(self.seed * 1_000_003 + i)
+        email = f"customer{i % 400}@example.com"
+        flagged = rng.random() < self.failure_rate
+        total = (
+            REVIEW_THRESHOLD + 50 if flagged else Decimal(rng.randint(500, 20000)) / 100
+        )
+        if flagged or rng.random() < 0.5:
+            self._post(
+                client,
+                "deposit",
+                f"/api/wallets/{email}/deposit",
+                amount=str(total * 2 if flagged else rng.randint(50, 300)),
+            )
+        order = self._post(
+            client,
+            "place",
+            "/api/orders",
+            email=email,
+            total=str(total),
+            sku=rng.choice(SKUS),
+            quantity=rng.randint(1, 3),
+        )["order"]
+        roll = rng.random()
+        if flagged or roll < 0.6:
+            self._post(client, "pay", f"/api/orders/{order}/pay")
+        elif roll < 0.75:
+            self._post(client, "cancel", f"/api/orders/{order}/cancel")
+        elif roll < 0.9:
+            self._post(
+                client,
+                "withdraw",
+                f"/api/wallets/{email}/withdraw",
+                amount=str(rng.randint(10, 400)),
+            )
+
+    def _post(self, client: Client, kind: str, path: str, **data) -> dict:
+        response = client.post(path, json.dumps(data), content_type="application/json")
+        body = response.json()
+        with self.lock:
+            self.calls[kind, response.status_code] += 1
+            self.rolled_back.update(body.get("rolled_back_events", ()))
+        if response.status_code >= 500 or response.status_code == 400:
+            raise CommandError(f"{kind} {path}: HTTP {response.status_code} {body}")
+        return body
+
+
+class _InProcess:
+    """The relay and the broker consumer as threads of this process."""
+
+    def __init__(self):
+        self.stopping = threading.Event()
+
+    def start(self) -> list:
+        threads = [
+            threading.Thread(target=self._relay, name="simulate-relay", daemon=True),
+            threading.Thread(
+                target=self._consume, name="simulate-consumer", daemon=True
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+
+        def stop():
+            self.stopping.set()
+            for thread in threads:
+                thread.join()
+
+        return [stop]
+
+    def _relay(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                report = relay_once(stop=self.stopping, max_seconds=5)
+                if not report.as_dict() or not any(report.as_dict().values()):
+                    self.stopping.wait(0.1)
+        finally:
+            connections.close_all()
+
+    def _consume(self) -> None:
+        try:
+            EventConsumer().run(stop=self.stopping)
+        finally:
+            connections.close_all()
+
+
+class _Reconciliation:
+    """Committed events vs deliveries per subscriber vs broker consumption."""
+
+    def __init__(self, rolled_back: set[str]):
+        self.rolled_back = rolled_back
+
+    def report(self, write) -> list[str]:
+        """Write the table; return the problems found (empty: all reconciled)."""
+        problems = []
+        committed = dict(
+            OutboxEvent.objects.exclude(event_type=None)
+            .values_list("event_type")
+            .annotate(n=Count("id"))
+            .values_list("event_type", "n")
+        )
+        write(
+            f"committed events: {sum(committed.values())} "
+            + ", ".join(f"{t} {n}" for t, n in sorted(committed.items()))
+        )
+        not_fanned = OutboxEvent.objects.undelivered().count()
+        if not_fanned:
+            problems.append(f"{not_fanned} events not fanned out")
+        header = (
+            f"{'subscriber':<24}{'expected':>9}{'delivered':>10}"
+            f"{'dead(exp)':>10}{'dead(unexp)':>12}{'unfinished':>11}"
+            f"{'lag avg s':>10}{'lag max s':>10}"
+        )
+        write(header)
+        write("-" * len(header))
+        for sub in sorted(subscribers(), key=lambda s: s.name):
+            expected = sum(n for t, n in committed.items() if sub.receives(t))
+            rows = Notification.objects.filter(subscriber__in=sub.stored_names)
+            states = Counter(
+                dict(
+                    rows.values_list("state")
+                    .annotate(n=Count("id"))
+                    .values_list("state", "n")
+                )
+            )
+            dead = rows.filter(state=State.EXPIRED)
+            dead_expected = dead.filter(
+                last_error_type__endswith=PaymentFlagged.__name__
+            ).count()
+            dead_unexpected = states[State.EXPIRED] - dead_expected
+            unfinished = sum(states[s] for s in UNFINISHED)
+            lags = [
+                (done - created).total_seconds()
+                for done, created in rows.filter(state=State.SUCCEEDED).values_list(
+                    "completed_at", "event__created_at"
+                )
+            ]
+            avg = sum(lags) / len(lags) if lags else 0.0
+            write(
+                f"{sub.name:<24}{expected:>9}{states[State.SUCCEEDED]:>10}"
+                f"{dead_expected:>10}{dead_unexpected:>12}{unfinished:>11}"
+                f"{avg:>10.2f}{max(lags, default=0.0):>10.2f}"
+            )
+            if states[State.SUCCEEDED] + dead_expected != expected:
+                problems.append(
+                    f"{sub.name}: {expected} expected, {states[State.SUCCEEDED]} "
+                    f"delivered + {dead_expected} expected dead letters"
+                )
+            if dead_unexpected or unfinished:
+                problems.append(
+                    f"{sub.name}: {dead_unexpected} unexpected dead "
+                    f"letters, {unfinished} unfinished"
+                )
+        problems += self._broker(write)
+        return problems
+
+    def _broker(self, write) -> list[str]:
+        problems = []
+        sent = {
+            str(i)
+            for i in Notification.objects.filter(
+                subscriber__in=_publisher_names(), state=State.SUCCEEDED
+            ).values_list("event_id", flat=True)
+        }
+        consumed = {
+            m.replace("-", "")
+            for m in ConsumedMessage.objects.values_list("message_id", flat=True)
+        }
+        sent_keys = {s.replace("-", "") for s in sent}
+        committed = {
+            str(i).replace("-", "")
+            for i in OutboxEvent.objects.values_list("id", flat=True)
+        }
+        twice = (
+            ConsumedMessage.objects.values("message_id")
+            .annotate(n=Count("id"))
+            .filter(n__gt=1)
+            .count()
+        )
+        rolled = {r.replace("-", "") for r in self.rolled_back}
+        leaked = rolled & (committed | consumed)
+        write(
+            f"broker: published {len(sent)}, consumed {len(consumed)} "
+            f"(not consumed {len(sent_keys - consumed)}, consumed but never "
+            f"committed {len(consumed - committed)}, consumed twice {twice})"
+        )
+        write(
+            f"rolled-back transactions: {len(rolled)} events published then "
+            f"rolled back, {len(leaked)} of them seen committed or consumed"
+        )
+        if sent_keys - consumed:
+            problems.append(f"{len(sent_keys - consumed)} published, not consumed")
+        if consumed - committed:
+            problems.append(f"{len(consumed - committed)} consumed, never committed")
+        if twice:
+            problems.append(f"{twice} messages consumed twice")
+        if leaked:
+            problems.append(f"{len(leaked)} rolled-back events delivered")
+        return problems
