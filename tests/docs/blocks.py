@@ -1,0 +1,95 @@
+"""Collect the fenced code blocks of README.md and docs/*.md with their tags.
+
+A block is tagged by an HTML comment on the line before its fence, invisible on
+GitHub: ``<!-- test: python -->``. The tag says how the block is checked; see
+TAGS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+TAGS = {
+    "python": "executed in a fresh namespace with the test settings, in a database",
+    "settings": "executed; its UPPERCASE names set in settings; no system check error",
+    "compile": "a fragment (names from the surrounding prose): compiled, not run",
+    "shell": "run by bash against the sample project on a temporary SQLite database",
+    "commands": "every `manage.py <command> --flag` in it exists (checked with --help)",
+    "output": "shown output or message: its phrases are in outbox_app's or shop code",
+    "json": "parsed as JSON",
+    "pip": "`pip install`: each extra is in setup.cfg, each package in requirements",
+    "ci": "run by .ci/docs with every service up (tests/docs/ci.py): options"
+    " `fresh` (in a fresh copy of the repository, no environment) and `running`"
+    " (a server: still running after 20 s counts as success)",
+    "suite": "runs the test suite itself, as .ci/run does",
+}
+
+FENCE = re.compile(r"^```(\S*)\s*$")
+TAG = re.compile(r"^<!--\s*test:\s*(\S+)((?:\s+[\w-]+)*)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    tag: str | None
+    code: str
+    options: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    found: list[Block] = []
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        start = i
+        end = start + 1
+        while end < len(lines) and lines[end].rstrip() != "```":
+            end += 1
+        tag = TAG.match(lines[start - 1]) if start else None
+        found.append(
+            Block(
+                page=page,
+                line=start + 1,
+                lang=match.group(1),
+                tag=tag.group(1) if tag else None,
+                code="\n".join(lines[start + 1 : end]) + "\n",
+                options=tuple(tag.group(2).split()) if tag else (),
+            )
+        )
+        i = end + 1
+    return found
+
+
+def all_blocks() -> list[Block]:
+    return [block for page in PAGES for block in blocks(page)]
+
+
+def tagged(tag: str) -> list[Block]:
+    return [block for block in all_blocks() if block.tag == tag]
+
+
+MANAGE = re.compile(r"manage\.py\s+([a-z_]+)((?:\s+[^\s|;&>#]+)*)")
+
+
+def manage_commands(code: str) -> list[tuple[str, list[str]]]:
+    """(command, --flags) of every ``manage.py`` invocation in a block."""
+    text = re.sub(r"[\"\[\],]", " ", code.replace("\\\n", " "))
+    return [
+        (match.group(1), re.findall(r"(?<!\S)(--?[a-z][a-z-]*)", match.group(2)))
+        for match in MANAGE.finditer(text)
+    ]

@@ -1,0 +1,213 @@
+"""Every fenced block of README.md and docs/*.md is checked according to its tag
+(tests/docs/blocks.py lists the tags). Blocks tagged ``ci`` run in .ci/docs."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from outbox_app import events, registry
+
+from .blocks import ROOT, TAGS, all_blocks, manage_commands, tagged
+
+SOURCE = "\n".join(
+    path.read_text()
+    for package in ("outbox_app", "sample_project")
+    for path in sorted((ROOT / package).rglob("*.py"))
+)
+
+
+def ids(blocks):
+    return [block.id for block in blocks]
+
+
+def test_every_block_has_a_known_tag():
+    untagged = [
+        f"{block.id} ({block.tag or 'no tag'})"
+        for block in all_blocks()
+        if block.tag not in TAGS
+    ]
+    assert not untagged, "blocks without a known <!-- test: ... --> tag: " + ", ".join(
+        untagged
+    )
+
+
+@pytest.fixture
+def clean_registry():
+    handlers = dict(registry._handlers)
+    types = dict(events._registry)
+    events._registry.clear()  # the pages reuse tests.testapp's type names
+    yield
+    registry._handlers.clear()
+    registry._handlers.update(handlers)
+    events._registry.clear()
+    events._registry.update(types)
+    registry.close_publishers()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("block", tagged("python"), ids=ids(tagged("python")))
+def test_python_block_runs(block, clean_registry):
+    module = types.ModuleType(f"docs_{block.page.stem}_{block.line}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    try:
+        exec(compile(block.code, block.id, "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+
+
+@pytest.mark.parametrize("block", tagged("compile"), ids=ids(tagged("compile")))
+def test_fragment_compiles(block):
+    compile(block.code, block.id, "exec")
+
+
+class _Env:
+    """django-environ's ``env(name, default=...)`` as settings snippets use it."""
+
+    def __call__(self, name, default=None):
+        return os.environ.get(name, default)
+
+
+@pytest.mark.parametrize("block", tagged("settings"), ids=ids(tagged("settings")))
+def test_settings_block_passes_the_system_checks(block, settings, clean_registry):
+    from django.conf import settings as live
+
+    namespace = {
+        "env": _Env(),
+        "DATABASES": {
+            alias: {**config, "OPTIONS": dict(config.get("OPTIONS", {}))}
+            for alias, config in live.DATABASES.items()
+        },
+    }
+    exec(compile(block.code, block.id, "exec"), namespace)
+    values = {name: value for name, value in namespace.items() if name.isupper()}
+    values.pop("DATABASES", None)  # read by the connection at start: shape only
+    with override_settings(**values):
+        registry.close_publishers()
+        problems = [
+            message
+            for message in checks.run_checks(include_deployment_checks=False)
+            if message.is_serious()
+        ]
+    assert not problems, problems
+
+
+def _help(command: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", command, "--help"],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "sample_project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"manage.py {command}: {result.stderr}"
+    return result.stdout
+
+
+@pytest.mark.parametrize("block", tagged("commands"), ids=ids(tagged("commands")))
+def test_command_lines_exist(block):
+    found = manage_commands(block.code)
+    assert found, f"{block.id}: no manage.py command in a block tagged commands"
+    helps: dict[str, str] = {}
+    for command, flags in found:
+        text = helps.setdefault(command, _help(command))
+        missing = [flag for flag in flags if not re.search(rf"{flag}\b", text)]
+        assert not missing, f"manage.py {command} has no {missing}"
+
+
+def _phrases(text: str) -> list[str]:
+    """Runs of two or more words in a shown output, without numbers and names."""
+    out = []
+    for chunk in re.split(r"[^A-Za-z ]+", text):
+        words = chunk.split()
+        if len(words) >= 2:
+            out.append(" ".join(words))
+    return out
+
+
+def _printed(phrase: str, haystack: str) -> bool:
+    """The phrase is in the source, allowing for values interpolated at its ends
+    (one word each) and at one place inside."""
+    words = phrase.split()
+    for start in (0, 1):
+        for end in (len(words), len(words) - 1):
+            kept = words[start:end]
+            if len(kept) < 2:
+                return True  # nothing left that is not a value
+            if any(
+                " ".join(kept[:cut]) in haystack and " ".join(kept[cut:]) in haystack
+                for cut in range(len(kept))
+            ):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("block", tagged("output"), ids=ids(tagged("output")))
+def test_output_phrases_come_from_the_code(block):
+    joined = re.sub(r"[\"']\s*\n\s*[fr]?[\"']", "", SOURCE)  # implicit concatenation
+    haystack = re.sub(r"\s+", " ", joined)
+    missing = [p for p in _phrases(block.code) if not _printed(p, haystack)]
+    assert not missing, f"{block.id}: phrases not printed by outbox_app: {missing}"
+
+
+@pytest.mark.parametrize("block", tagged("pip"), ids=ids(tagged("pip")))
+def test_pip_extras_exist(block):
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    extras = set(parser["options.extras_require"])
+    for name, wanted in re.findall(
+        r"pip install \"?([\w-]+)(?:\[([\w,]+)\])?", block.code
+    ):
+        if name == "outbox_app":
+            assert set(filter(None, wanted.split(","))) <= extras, block.code
+        else:
+            assert name in (ROOT / "requirements.txt").read_text(), name
+
+
+@pytest.mark.parametrize("block", tagged("json"), ids=ids(tagged("json")))
+def test_json_block_parses(block):
+    json.loads(block.code)
+
+
+@pytest.mark.parametrize("block", tagged("shell"), ids=ids(tagged("shell")))
+def test_shell_block_runs(block, tmp_path_factory):
+    directory = Path("/tmp") / f"docs-{os.getpid()}-{block.line}"
+    directory.mkdir(exist_ok=True)
+    venv = ROOT / ".venv" / "bin"
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OUTBOX_", "CELERY_"))
+        },
+        "DJANGO_SETTINGS_MODULE": "sample_project.settings",
+        "DATABASE_URL": f"sqlite:///{directory}/db.sqlite3",
+        "PATH": f"{venv}:{os.environ['PATH']}",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"{block.id}:\n{result.stdout}\n{result.stderr}"

@@ -1,0 +1,34 @@
+"""The reference pages list what the code defines: every setting with its
+default, every system check id."""
+
+import ast
+import re
+
+from outbox_app import checks
+from outbox_app.conf import DEFAULTS
+
+from .blocks import ROOT
+
+SETTINGS = (ROOT / "docs" / "settings.md").read_text()
+TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()
+
+
+def test_every_setting_is_listed_with_its_default():
+    rows = dict(re.findall(r"^\| `OUTBOX_(\w+)` \| `([^`]+)`", SETTINGS, flags=re.M))
+    assert set(rows) == set(DEFAULTS)
+    for name, setting in DEFAULTS.items():
+        assert ast.literal_eval(rows[name]) == setting.default, name
+
+
+def test_every_check_id_is_explained():
+    source = (ROOT / "outbox_app" / "checks.py").read_text()
+    ids = set(re.findall(r"outbox\.[EW]\d{3}", source))
+    assert ids == {f"outbox.E{n:03}" for n in range(1, 16)} | {
+        "outbox.W001",
+        "outbox.W002",
+        "outbox.W003",
+    }
+    for check_id in ids:
+        short = check_id.removeprefix("outbox.")
+        assert short in SETTINGS or check_id in TROUBLESHOOTING, check_id
+    assert checks  # the module registers the checks the pages describe
