@@ -1,0 +1,147 @@
+"""Latency: commit -> handler start, p50/p99, at a steady publish rate.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench1 \\
+        .venv/bin/python -m bench.bench_latency [--events 5000] [--rate 200]
+
+The publisher (this process) commits one ``publish()`` per transaction at
+``--rate`` events/s and records ``time.time()`` right after the atomic block
+exits. The relay runs in a separate process (``RelayWorker(kind="handler")``,
+this module with ``--relay``), where a benchmark handler, registered only there,
+appends ``seq start_time`` to a file. Modes: ``notify`` (PostgreSQL LISTEN/NOTIFY
+wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up receiver
+disconnected in the publisher: the relay finds events by its adaptive poll,
+50 ms doubling to ``OUTBOX_POLL_INTERVAL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+
+from outbox_app import Notification, OutboxEvent, handler, publish  # noqa: E402
+from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
+
+EVENT_TYPE = "bench1.Ping"
+
+
+def relay(log: str) -> None:
+    """The relay process: one handler that records when it starts."""
+    from outbox_app.worker import RelayWorker
+
+    out = open(log, "a", buffering=1)  # noqa: SIM115 - open until the relay exits
+
+    @handler(EVENT_TYPE, name="bench1-latency")
+    def record(event, context) -> None:
+        started = time.time()
+        seq = event["seq"] if isinstance(event, dict) else event.payload["seq"]
+        out.write(f"{seq} {started}\n")
+
+    print("ready", flush=True)
+    RelayWorker(kind="handler").run()
+
+
+def publish_steady(count: int, rate: float) -> dict[int, float]:
+    committed = {}
+    began = time.perf_counter()
+    for seq in range(count):
+        delay = began + seq / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        with transaction.atomic():
+            publish({"event_type": EVENT_TYPE, "payload": {"seq": seq}})
+        committed[seq] = time.time()
+    return committed
+
+
+def run_mode(mode: str, count: int, rate: float) -> list[float]:
+    """Milliseconds commit -> handler start, one per event."""
+    Notification.objects.all().delete()
+    OutboxEvent.objects.all().delete()
+    log = Path(f"/tmp/bench1-latency-{mode}.log")
+    log.unlink(missing_ok=True)
+    events_committed.disconnect(wake_relays, dispatch_uid="outbox_app.wake_relays")
+    if mode == "notify":
+        events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_latency", "--relay", str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OUTBOX_TEST_CONN_MAX_AGE": "0"},
+    )
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(2)  # the relay is idle and listening
+    committed = publish_steady(count, rate)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= count:
+            break
+        time.sleep(0.2)
+    child.terminate()
+    child.wait(30)
+    started = {}
+    for line in log.read_text().splitlines():
+        seq, at = line.split()
+        started.setdefault(int(seq), float(at))  # first delivery (at-least-once)
+    assert len(started) == count, (len(started), count)
+    return sorted((started[s] - committed[s]) * 1e3 for s in range(count))
+
+
+def percentile(sorted_ms: list[float], p: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * p))]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--relay"]:
+        return relay(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--rate", type=float, default=200)
+    parser.add_argument("--modes", default="notify,poll")
+    parser.add_argument("--plot", default=None)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    results = {}
+    for mode in args.modes.split(","):
+        if mode == "notify" and connection.vendor != "postgresql":
+            continue
+        ms = run_mode(mode, args.events, args.rate)
+        results[mode] = {
+            "p50": statistics.median(ms),
+            "p90": percentile(ms, 0.90),
+            "p99": percentile(ms, 0.99),
+            "max": ms[-1],
+        }
+        print(
+            f"{connection.vendor} {mode}: commit -> handler start over {len(ms)} "
+            f"events at {args.rate:.0f}/s: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in results[mode].items()),
+            flush=True,
+        )
+    from bench.plot import bars
+
+    bars(
+        args.plot or f"bench_latency_{connection.vendor}",
+        f"Commit -> handler start on {connection.vendor}, {args.rate:.0f} events/s",
+        "milliseconds (log scale)",
+        list(results),
+        {k: [results[m][k] for m in results] for k in ("p50", "p90", "p99")},
+        log=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""One PNG per benchmark: grouped bars, matplotlib's ``Agg`` backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def bars(
+    name: str,
+    title: str,
+    ylabel: str,
+    groups: list[str],
+    series: dict[str, list[float]],
+    log: bool = False,
+) -> Path:
+    """Save grouped bars as ``bench/<name>.png``.
+
+    Args:
+        name: file name without extension, relative to ``bench/`` or absolute.
+        title: chart title.
+        ylabel: y axis label, with its unit.
+        groups: one label per group on the x axis.
+        series: legend label -> one value per group.
+        log: log-scale y axis.
+
+    Returns:
+        The path written.
+    """
+    path = Path(__file__).parent / f"{name}.png"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + i * width for g in range(len(groups))]
+        drawn = ax.bar(xs, values, width, label=label)
+        ax.bar_label(drawn, fmt="%.3g", fontsize=7)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
