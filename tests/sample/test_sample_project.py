@@ -1,0 +1,176 @@
+"""The sample shop end to end, in subprocesses (its event types clash with
+tests.testapp's): migrate, ``simulate`` with a clean reconciliation, the
+business-rule dead letter, and ``consume_events`` deduplication on RabbitMQ.
+
+With DATABASE_URL on PostgreSQL or MariaDB the shop runs on a database of the
+same vendor named ``<name>_sample``; otherwise on a SQLite file in /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import environ
+import pytest
+
+from tests.conftest import require_service
+
+ROOT = Path(__file__).resolve().parents[2]
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def _admin(config: dict, sql: str) -> None:
+    """Run one statement on the suite's database server, outside any database."""
+    if config["ENGINE"].endswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(
+            host=config["HOST"],
+            port=config["PORT"] or 5432,
+            user=config["USER"],
+            password=config["PASSWORD"],
+            dbname="postgres",
+            autocommit=True,
+        ) as connection:
+            connection.execute(sql)
+    else:
+        import MySQLdb
+
+        connection = MySQLdb.connect(
+            host=config["HOST"],
+            port=int(config["PORT"] or 3306),
+            user=config["USER"],
+            password=config["PASSWORD"],
+        )
+        try:
+            connection.cursor().execute(sql)
+        finally:
+            connection.close()
+
+
+@pytest.fixture(scope="module")
+def shop_env(tmp_path_factory):
+    """Environment for the sample project on a fresh, migrated database."""
+    url = os.environ.get("DATABASE_URL", "")
+    config = environ.Env.db_url_config(url) if url else {"ENGINE": "sqlite3"}
+    server = config["ENGINE"].endswith(("postgresql", "mysql"))
+    if server:
+        name = f"{config['NAME']}_sample"
+        scheme, rest = url.split("://", 1)
+        sample_url = f"{scheme}://{rest.rsplit('/', 1)[0]}/{name}"
+        drop = f"DROP DATABASE IF EXISTS {name}"
+        if config["ENGINE"].endswith("postgresql"):
+            drop += " WITH (FORCE)"
+        _admin(config, drop)
+        _admin(config, f"CREATE DATABASE {name}")
+    else:
+        sample_url = f"sqlite:////tmp/sample-{uuid.uuid4().hex[:12]}.sqlite3"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "sample_project.settings",
+        "DATABASE_URL": sample_url,
+        "OUTBOX_BROKER_URL": "memory://",
+        "SHOP_EVENTS_EXCHANGE": f"shop.events.test{uuid.uuid4().hex[:8]}",
+    }
+    _manage(env, "migrate", "-v0")
+    yield env
+    if server:
+        _admin(config, drop)
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            Path(sample_url.removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+
+
+def _manage(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=check,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def simulation(shop_env) -> subprocess.CompletedProcess:
+    return _manage(
+        shop_env, "simulate", "--orders", "50", "--failure-rate", "0.2", check=False
+    )
+
+
+def test_simulate_reconciles(simulation):
+    assert simulation.returncode == 0, simulation.stdout + simulation.stderr
+    assert "reconciliation: OK" in simulation.stdout
+    assert "50/50 orders" in simulation.stderr
+
+
+def test_business_rule_failure_expires_as_expected(shop_env, simulation):
+    assert simulation.returncode == 0, simulation.stdout + simulation.stderr
+    row = next(
+        line.split()
+        for line in simulation.stdout.splitlines()
+        if line.startswith("shop.fraud_check")
+    )
+    expected, delivered, dead_expected, dead_unexpected = map(int, row[1:5])
+    assert dead_expected > 0 and dead_unexpected == 0
+    assert delivered + dead_expected == expected
+    states = _manage(
+        shop_env,
+        "shell",
+        "-c",
+        (
+            "from outbox_app import Notification; import json; print(json.dumps(sorted("
+            "set(Notification.objects.filter(subscriber='shop.fraud_check')"
+            ".exclude(state='SUCCEEDED').values_list('state', 'attempts', "
+            "'last_error_type')))))"
+        ),
+    ).stdout
+    dead_letters = json.loads(states.splitlines()[-1])
+    assert dead_letters, "no dead letter to requeue"
+    for state, attempts, error_type in dead_letters:
+        assert (state, attempts) == ("EXPIRED", 1)
+        assert error_type.endswith("PaymentFlagged")
+
+
+def _rabbitmq_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_consume_events_drops_redeliveries(shop_env):
+    require_service("RabbitMQ", _rabbitmq_up(), "127.0.0.1:5672")
+    from kombu import Connection, Exchange, Queue
+
+    env = {**shop_env, "OUTBOX_BROKER_URL": RABBITMQ}
+    name = env["SHOP_EVENTS_EXCHANGE"]
+    exchange = Exchange(name, "topic", durable=True)
+    queue = Queue(f"{name}.all", exchange, routing_key="#", durable=True)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    with Connection(RABBITMQ) as connection:
+        queue(connection.default_channel).declare()
+        producer = connection.Producer()
+        for message_id in (first, second, first):  # a redelivery of the first
+            producer.publish(
+                json.dumps({"type": "OrderPlaced", "id": message_id}),
+                exchange=exchange,
+                routing_key="shop.order.OrderPlaced",
+                message_id=message_id,
+                content_type="application/json",
+            )
+        try:
+            result = _manage(env, "consume_events", "--idle-exit", "1")
+        finally:
+            queue(connection.default_channel).delete()
+            exchange(connection.default_channel).delete()
+    assert "consumed 2, duplicates dropped 1" in result.stdout
