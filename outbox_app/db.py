@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, models
 from django.db.models import Q, QuerySet
+from django.db.models.constants import OnConflict
 
 from .exceptions import RelayAlreadyRunning
 
@@ -78,6 +80,47 @@ def lock_waiting(queryset: QuerySet) -> QuerySet:
     if not connections[queryset.db].features.has_select_for_update:
         return queryset
     return queryset.select_for_update()
+
+
+def insert_select(model: type[models.Model], columns: dict[str, Any], source) -> int:
+    """``INSERT INTO <model> (<columns>) SELECT ... FROM <source>``, skipping rows
+    that would break a unique constraint; no row passes through Python.
+
+    Args:
+        model: the table written.
+        columns: column name -> expression over ``source``'s model (``F()`` to
+            copy a column, ``Value()`` for a constant), in insertion order.
+        source: the queryset the rows come from; its ordering is kept.
+
+    Returns:
+        Rows inserted.
+
+    The conflict clause is Django's own, per backend (``ON CONFLICT DO
+    NOTHING``, ``INSERT IGNORE``, ``INSERT OR IGNORE``), as ``bulk_create(...,
+    ignore_conflicts=True)`` writes it.
+    """
+    connection = connections[source.db]
+    ops = connection.ops
+    names = {f"_col{i}": expression for i, expression in enumerate(columns.values())}
+    select = source.annotate(**names).values(*names)
+    try:
+        sql, params = select.query.get_compiler(connection=connection).as_sql()
+    except EmptyResultSet:  # e.g. ``id__in=[]``: nothing to insert
+        return 0
+    statement = " ".join(
+        part
+        for part in (
+            ops.insert_statement(on_conflict=OnConflict.IGNORE),
+            ops.quote_name(model._meta.db_table),
+            f"({', '.join(map(ops.quote_name, columns))})",
+            sql,
+            ops.on_conflict_suffix_sql([], OnConflict.IGNORE, None, None),
+        )
+        if part
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.rowcount
 
 
 def is_single_writer(alias: str) -> bool:

@@ -30,8 +30,9 @@ def fan_out(
     """Create the notifications of undelivered events, oldest first, in batches.
 
     Each batch is one short transaction: lock the oldest undelivered events of
-    subscribed types, insert their notifications (idempotently: the
-    ``(event, subscriber)`` pair is unique), flip ``delivered``. Concurrent
+    subscribed types, insert their notifications with one ``INSERT ... SELECT``
+    per subscriber (idempotently: the ``(event, subscriber)`` pair is unique),
+    flip ``delivered``. Concurrent
     fan-outs wait for each other's batch rather than skip it, so an aggregate's
     notifications always appear in event order, which ordered delivery relies on.
 
@@ -56,26 +57,26 @@ def fan_out(
         pending = pending.filter(
             event_type__in=set().union(*(s.event_types for s in subscribers))
         )
-    pending = lock_waiting(pending.order_by("id").only(*OutboxEvent.DELIVERY_FIELDS))
+    pending = lock_waiting(pending.order_by("id").values_list("id", flat=True))
+    events = OutboxEvent.objects.using(using)
+    notifications = Notification.objects.using(using)
     total = 0
     while True:
         with transaction.atomic(using=using):
-            events = list(pending[:batch_size])
-            if not events:
+            ids = list(pending[:batch_size])
+            if not ids:
                 return total
             now = timezone.now()
-            Notification.objects.using(using).bulk_create(
-                [
-                    Notification.of(event, subscriber.name, now)
-                    for event in events
-                    for subscriber in subscribers
-                    if subscriber.receives(event.event_type)
-                ],
-                ignore_conflicts=True,
-            )
-            OutboxEvent.objects.using(using).filter(
-                id__in=[event.id for event in events]
-            ).update(delivered=True)
-        total += len(events)
-        if len(events) < batch_size or (deadline and time.monotonic() > deadline):
+            batch = events.filter(id__in=ids)
+            for subscriber in subscribers:
+                notifications.create_for(
+                    batch
+                    if subscriber.event_types is None
+                    else batch.filter(event_type__in=subscriber.event_types),
+                    subscriber.name,
+                    now,
+                )
+            batch.update(delivered=True)
+        total += len(ids)
+        if len(ids) < batch_size or (deadline and time.monotonic() > deadline):
             return total

@@ -83,7 +83,8 @@ class OutboxEvent(models.Model):
             models.Index(fields=["created_at"], name="outbox_event_created"),
         ]
 
-    #: The fields a notification copies from its event (see Notification.of).
+    #: The fields a notification copies from its event at fan-out
+    #: (NotificationQuerySet.create_for); ``id`` becomes its ``event_id``.
     DELIVERY_FIELDS = (
         "id",
         "event_type",
@@ -173,23 +174,6 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} -> {self.subscriber} [{self.state}]"
-
-    @classmethod
-    def of(cls, event: OutboxEvent, subscriber: str, now) -> Notification:
-        """A new PENDING delivery of ``event`` to ``subscriber``, due at ``now``,
-        with the event's ``DELIVERY_FIELDS`` copied (unsaved)."""
-        return cls(
-            event_id=event.id,
-            subscriber=subscriber,
-            event_type=event.event_type,
-            aggregate_type=event.aggregate_type,
-            aggregate_id=event.aggregate_id,
-            aggregate_version=event.aggregate_version,
-            tenant_id=event.tenant_id,
-            next_retry_at=now,
-            created_at=now,
-            updated_at=now,
-        )
 
 
 class OutboxOverview(Notification):

@@ -185,7 +185,7 @@ def replay_to(
     names = subscriber.stored_names
     alias = events.db
     rows = Notification.objects.using(alias)
-    base = events.order_by("id").only(*OutboxEvent.DELIVERY_FIELDS)
+    base = events.order_by("id").only("id", "event_type")
     created = reset = skipped = 0
     last_id = None
     while True:
@@ -195,7 +195,7 @@ def replay_to(
             return ReplayResult(created, reset, skipped)
         last_id = batch[-1].id
         wanted = {
-            event.id: event
+            event.id
             for event in batch
             if event.event_type is not None and subscriber.receives(event.event_type)
         }
@@ -204,18 +204,16 @@ def replay_to(
             continue
         with transaction.atomic(using=alias):
             now = timezone.now()
-            existing = rows.filter(event_id__in=list(wanted), subscriber__in=names)
+            existing = rows.filter(event_id__in=wanted, subscriber__in=names)
             existing_ids = set(existing.values_list("event_id", flat=True))
             done = existing.replay(now)
             reset += done
             skipped += len(existing_ids) - done
-            new = [
-                Notification.of(event, subscriber.name, now)
-                for event_id, event in wanted.items()
-                if event_id not in existing_ids
-            ]
-            rows.bulk_create(new, ignore_conflicts=True)
-            created += len(new)
+            created += rows.create_for(
+                OutboxEvent.objects.filter(id__in=wanted - existing_ids),
+                subscriber.name,
+                now,
+            )
 
 
 def subscriber_choices() -> list[tuple[str, str]]:

@@ -17,7 +17,7 @@ from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .db import lock_skipping_locked
+from .db import insert_select, lock_skipping_locked
 from .states import (
     CLAIMABLE,
     EXPIRABLE,
@@ -92,6 +92,35 @@ class NotificationQuerySet(QuerySet):
             .distinct()
             .count()
         )
+
+    # --- fan-out ---------------------------------------------------------------------
+
+    def create_for(
+        self, events: QuerySet, subscriber: str, now: datetime.datetime
+    ) -> int:
+        """Create a PENDING notification to ``subscriber``, due at ``now``, for
+        each event of ``events`` that has none yet: one ``INSERT ... SELECT``.
+
+        The event's ``OutboxEvent.DELIVERY_FIELDS`` are copied (``id`` into
+        ``event_id``); every other column takes the model's default. Returns
+        rows created.
+        """
+        model = self.model
+        template = model(
+            subscriber=subscriber, next_retry_at=now, created_at=now, updated_at=now
+        )
+        copied = {
+            ("event_id" if name == "id" else name): name
+            for name in events.model.DELIVERY_FIELDS
+        }
+        columns = {
+            field.column: F(copied[field.attname])
+            if field.attname in copied
+            else Value(getattr(template, field.attname), output_field=field)
+            for field in model._meta.concrete_fields
+            if not field.primary_key  # numbered by the database
+        }
+        return insert_select(model, columns, events.using(self.db).order_by("id"))
 
     # --- the relay's transitions --------------------------------------------------
 
