@@ -5,15 +5,19 @@ each is bounded by a batch size and a time budget and returns counts.
 
 Delivery of one claimed batch:
 
-* a **handler** runs inside ``transaction.atomic`` together with the
-  compare-and-set that marks its row SUCCEEDED, so its database writes and the
-  mark commit together: a handler that only touches the database takes effect
-  exactly once, and a worker whose lease was lost rolls its writes back;
+* **handlers** run in groups: one transaction per group, each handler in a
+  savepoint, then one compare-and-set UPDATE marks the group's successful rows
+  SUCCEEDED. A handler's database writes and its mark commit together, so a
+  handler that only touches the database takes effect exactly once; a failing
+  handler's savepoint is rolled back and its failure recorded after the group
+  commits; if any row of the group lost its lease meanwhile, the whole group
+  rolls back. A group closes after ``GROUP_SECONDS`` (or a tenth of the lease,
+  if less), so fast handlers share one commit and slow ones get one each;
 * a **publisher** gets the whole batch (``send_batch``); rows it confirms become
   SUCCEEDED in one UPDATE, the others FAILED with the reason.
 
-No transaction or row lock is open while a broker call runs, and none but the
-handler's own while a handler runs.
+No transaction or row lock is open while a broker call runs, and none but
+the group's own while handlers run.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from . import registry
@@ -45,6 +49,12 @@ from .models import Notification
 from .registry import DeliveryContext, Handler, Kind, Subscriber
 
 logger = logging.getLogger("outbox_app.relay")
+
+#: Longest a group of handlers shares one transaction, in seconds (a group
+#: always runs at least one handler). Short enough that a group's locks and its
+#: outcomes' visibility wait little; long enough that no-op handlers share one
+#: commit per batch (bench/RESULTS.md, benchmark 3).
+GROUP_SECONDS = 0.1
 
 __all__ = ["RelayReport", "deliver", "fan_out", "relay_once", "worker_name"]
 
@@ -213,26 +223,12 @@ def _deliver_batch(
         Notification.objects.using(using)
         .filter(id__in=ids)
         .select_related("event")
+        .only(*CLAIMED_FIELDS)
         .order_by("id")
     )
     outcome = _Outcome(subscriber, token, using, now, rng, started)
     if isinstance(subscriber, Handler):
-        lease = outbox_settings.LEASE_SECONDS
-        claimed_at = renewed_at = started
-        for position, row in enumerate(claimed):
-            rest = Notification.objects.using(using).filter(
-                id__in=[r.id for r in claimed[position:]]
-            )
-            if stop.is_set():
-                outcome.report.released = rest.release(token)
-                break
-            if time.monotonic() - renewed_at > lease / 10:
-                # Handlers run one by one: each starts with at least 90% of a
-                # lease, and the rows waiting their turn stay leased.
-                renewed_at = time.monotonic()
-                clock = now + timedelta(seconds=renewed_at - claimed_at)
-                rest.renew(token, lease, clock)
-            outcome.run_handler(subscriber, row)
+        outcome.run_handlers(subscriber, claimed, stop)
     else:
         outcome.run_publisher(claimed)
     outcome.report.claimed = len(ids)
@@ -260,41 +256,121 @@ class _Outcome:
     def _row(self, row: Notification):
         return Notification.objects.using(self.using).filter(id=row.id)
 
-    def run_handler(self, handler: Handler, row: Notification) -> None:
-        if row.attempts > handler.attempts_allowed:
-            # The lease ran out on the last allowed attempt: the worker died or
-            # hung. Do not run it again.
-            self.failed(
-                row,
-                LeaseLost(
-                    f"attempt {row.attempts - 1} of {handler.attempts_allowed} never "
-                    "finished: its worker died or hung past the lease"
-                ),
-                expire=True,
+    def run_handlers(
+        self, handler: Handler, rows: list[Notification], stop: threading.Event
+    ) -> None:
+        """Run ``handler`` on the claimed ``rows``, in order, group by group.
+
+        Before each group the rows still waiting are re-leased when a tenth of
+        the lease has passed, so every handler starts with at least 90% of a
+        lease ahead of it. When ``stop`` is set, the rows not attempted yet are
+        released instead.
+        """
+        lease = outbox_settings.LEASE_SECONDS
+        renewed_at = self._started
+        position = 0
+        while position < len(rows):
+            waiting = Notification.objects.using(self.using).filter(
+                id__in=[row.id for row in rows[position:]]
             )
-            return
+            if stop.is_set():
+                self.report.released = waiting.release(self.token)
+                return
+            if time.monotonic() - renewed_at > lease / 10:
+                renewed_at = time.monotonic()
+                waiting.renew(self.token, lease, self.clock())
+            position += self._run_group(
+                handler, rows[position:], min(GROUP_SECONDS, lease / 10), stop
+            )
+
+    def _run_group(
+        self,
+        handler: Handler,
+        rows: list[Notification],
+        seconds: float,
+        stop: threading.Event,
+    ) -> int:
+        """Run handlers on a prefix of ``rows`` in one transaction, for about
+        ``seconds``; record the outcomes. Returns how many rows it took."""
+        succeeded: list[int] = []
+        failures: list[tuple[Notification, BaseException, bool]] = []
+        taken = 0
         try:
-            event = _event_for(row)
             with transaction.atomic(using=self.using):
-                with _time_limit(handler.timeout) as timer:
-                    handler.fn(event, context_for(row))
-                if timer.fired:  # the handler caught HandlerTimeout and returned
-                    raise HandlerTimeout(
-                        f"handler ran longer than its timeout of {handler.timeout}s"
+                deadline = time.monotonic() + seconds
+                for row in rows:
+                    if taken and (time.monotonic() >= deadline or stop.is_set()):
+                        break
+                    taken += 1
+                    if row.attempts > handler.attempts_allowed:
+                        # The lease ran out on the last allowed attempt: the
+                        # worker died or hung. Do not run it again.
+                        error = LeaseLost(
+                            f"attempt {row.attempts - 1} of "
+                            f"{handler.attempts_allowed} never finished: its "
+                            "worker died or hung past the lease"
+                        )
+                        failures.append((row, error, True))
+                        continue
+                    error = self._run_one(handler, row)
+                    if error is None:
+                        succeeded.append(row.id)
+                        continue
+                    give_up = isinstance(error, handler.give_up_on) or not isinstance(
+                        error, handler.retry_on
                     )
-                if not self._row(row).succeed(self.token, timezone.now()):
-                    raise LeaseLost(f"lease on notification {row.id} was lost")
+                    expire = give_up or row.attempts >= handler.attempts_allowed
+                    failures.append((row, error, expire))
+                # The compare-and-set of the whole group: it marks only rows
+                # still leased under this batch's token, and locks them until
+                # the commit.
+                marked = (
+                    Notification.objects.using(self.using)
+                    .filter(id__in=succeeded)
+                    .succeed(self.token, timezone.now())
+                    if succeeded
+                    else 0
+                )
+                if marked < len(succeeded):
+                    raise LeaseLost(f"{len(succeeded) - marked} leases lost")
         except LeaseLost:
-            self.lost(row)
-        except Exception as exc:
-            give_up = isinstance(exc, handler.give_up_on) or not isinstance(
-                exc, handler.retry_on
+            # A handler outran the lease and another worker claimed its row:
+            # every write of the group is rolled back, the rows still held are
+            # handed back, due at once; the others belong to that worker now.
+            released = (
+                Notification.objects.using(self.using)
+                .filter(id__in=succeeded)
+                .release(self.token)
             )
-            self.failed(
-                row, exc, expire=give_up or row.attempts >= handler.attempts_allowed
+            self.report.released += released
+            self.report.lost += len(succeeded) - released
+            logger.warning(
+                "%s: %d of %d notifications lost their lease while their group "
+                "ran; the group's writes were rolled back and %d rows handed back",
+                handler.name,
+                len(succeeded) - released,
+                len(succeeded),
+                released,
             )
         else:
-            self.report.succeeded += 1
+            self.report.succeeded += len(succeeded)
+        for row, error, expire in failures:
+            self.failed(row, error, expire=expire)
+        return taken
+
+    def _run_one(self, handler: Handler, row: Notification) -> BaseException | None:
+        """Run one handler in its own savepoint; its error, or None on success."""
+
+        def call() -> None:
+            event = _event_for(row)
+            with _time_limit(handler.timeout) as timer:
+                handler.fn(event, context_for(row))
+            if timer.fired:  # the handler caught HandlerTimeout and returned
+                raise HandlerTimeout(
+                    f"handler ran longer than its timeout of {handler.timeout}s"
+                )
+
+        return _in_savepoint(connections[self.using], call)
 
     def run_publisher(self, rows: list[Notification]) -> None:
         publisher = self.subscriber
@@ -416,6 +492,33 @@ class _Outcome:
         )
 
 
+#: What delivery reads of a claimed row and its event (context_for, the
+#: outcome writers): the rest (timestamps, errors, action details) is left
+#: unread, which makes reading a batch about twice as fast.
+CLAIMED_FIELDS = (
+    "id",
+    "attempts",
+    "subscriber",
+    "event_id",
+    *(
+        f"event__{name}"
+        for name in (
+            "namespace",
+            "event_type",
+            "revision",
+            "payload",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "headers",
+            "tenant_id",
+            "action_id",
+            "occurred_at",
+        )
+    ),
+)
+
+
 def context_for(row: Notification) -> DeliveryContext:
     """The DeliveryContext of a claimed row (``row.event`` selected with it)."""
     event = row.event
@@ -445,6 +548,60 @@ def _event_for(row: Notification) -> Any:
     if event_class(event.event_type) is None:
         return event.payload
     return decode(event.event_type, event.revision, event.payload)
+
+
+def _in_savepoint(connection, fn: Callable[[], None]) -> Exception | None:
+    """Call ``fn()`` as a nested ``transaction.atomic()`` would, inside the
+    group's transaction, but send the SAVEPOINT only before ``fn``'s first query
+    on ``connection``: a handler that never touches this database (an e-mail, a
+    cache, an HTTP call) costs no round trip, which is most of what a no-op
+    handler costs otherwise (bench/RESULTS.md, benchmark 3).
+
+    Returns:
+        None when ``fn`` returned: its writes stay in the group's transaction.
+        Its exception when it raised, or left the transaction marked for
+        rollback: its writes are rolled back and the ``on_commit`` callbacks it
+        registered dropped, as ``atomic()`` does.
+
+    Raises:
+        django.db.DatabaseError: rolling back to the savepoint failed (the
+            connection broke); the group's transaction is lost.
+    """
+    callbacks = len(connection.run_on_commit)
+    sid = None
+
+    def before_query(execute, sql, params, many, context):
+        nonlocal sid
+        if sid is None:
+            sid = ""  # the SAVEPOINT statement itself passes through here
+            sid = connection.savepoint()
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(before_query):
+            fn()
+        if connection.needs_rollback:
+            raise DeliveryError(
+                "the handler left the transaction marked for rollback (a database "
+                "error caught inside atomic(), or transaction.set_rollback(True))"
+            )
+        if sid:
+            connection.savepoint_commit(sid)
+        return None
+    except Exception as exc:
+        error = exc
+    # As atomic() leaves a failed nested block: clear the flag, roll back to the
+    # savepoint; if that fails, the group's transaction is lost.
+    connection.needs_rollback = False
+    if sid:
+        try:
+            connection.savepoint_rollback(sid)
+            connection.savepoint_commit(sid)
+        except Exception:
+            connection.needs_rollback = True
+            raise
+    del connection.run_on_commit[callbacks:]
+    return error
 
 
 class _Timer:

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import decimal
 import random
+import threading
 
 import pytest
 from django.db import transaction
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, handler, publish
 from outbox_app.fanout import fan_out
-from outbox_app.registry import unregister
+from outbox_app.registry import get, unregister
 from outbox_app.relay import deliver, relay_once
 from outbox_app.states import State
 from tests.testapp.events import OrderPlaced, Step
@@ -232,8 +233,87 @@ def test_a_raising_handler_does_not_lose_the_rest_of_its_batch(registered):
     assert SideEffect.objects.count() == 6
 
 
+def test_a_failing_handler_rolls_back_only_its_own_writes(registered):
+    """Handlers of one batch share a transaction, each in its own savepoint."""
+
+    @registered(OrderPlaced, name="half")
+    def half(event, context):
+        SideEffect.objects.create(handler="half", event_id=context.event_id)
+        if event.order_id % 2:
+            raise ValueError("odd")
+
+    events = place(6)
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (3, 3)
+    kept = set(SideEffect.objects.values_list("event_id", flat=True))
+    assert kept == {e.id for e in events if e.payload["order_id"] % 2 == 0}
+    failed = Notification.objects.filter(state=State.FAILED)
+    assert set(failed.values_list("last_error", flat=True)) == {"odd"}
+
+
+def test_a_failing_handler_drops_its_on_commit_callbacks(registered):
+    """Handlers that never query the database run without a savepoint; a
+    failure still discards what they registered, as atomic() would."""
+    sent = []
+
+    @registered(OrderPlaced, name="mailer")
+    def mailer(event, context):
+        transaction.on_commit(lambda: sent.append(event.order_id))
+        if event.order_id == 1:
+            raise ConnectionError("smtp down")
+
+    place(3)
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (2, 1)
+    assert sorted(sent) == [0, 2]
+
+
+def test_handlers_that_never_query_cost_no_savepoint(registered):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    @registered(OrderPlaced, name="pure")
+    def pure(event, context):
+        pass
+
+    @registered(OrderPlaced, name="writer")
+    def writer(event, context):
+        SideEffect.objects.create(handler="writer", event_id=context.event_id)
+
+    place(4)
+    fan_out()
+    with CaptureQueriesContext(connection) as pure_run:
+        assert deliver([get("pure")]).succeeded == 4
+    with CaptureQueriesContext(connection) as writer_run:
+        assert deliver([get("writer")]).succeeded == 4
+
+    def savepoints(run):
+        return sum(q["sql"].startswith("SAVEPOINT") for q in run.captured_queries)
+
+    assert (savepoints(pure_run), savepoints(writer_run)) == (0, 4)
+
+
+def test_a_handler_that_swallows_a_database_error_fails(registered):
+    from django.db import IntegrityError
+
+    @registered(OrderPlaced, name="swallow")
+    def swallow(event, context):
+        SideEffect.objects.create(handler="swallow", event_id=context.event_id)
+        try:
+            with transaction.atomic(savepoint=False):
+                SideEffect.objects.create(handler="swallow", event_id=context.event_id)
+        except IntegrityError:
+            pass  # the transaction is now marked for rollback
+
+    place(2)
+    report = relay_once()
+    assert report.failed == 2
+    assert not SideEffect.objects.exists()
+    row = Notification.objects.first()
+    assert "marked for rollback" in row.last_error
+
+
 def test_lost_lease_discards_outcome_and_rolls_back_writes(registered):
-    from outbox_app.registry import get
     from outbox_app.relay import _Outcome
 
     @registered(OrderPlaced, name="slowpoke")
@@ -249,7 +329,7 @@ def test_lost_lease_discards_outcome_and_rolls_back_writes(registered):
     )
     row = Notification.objects.select_related("event").get()
     outcome = _Outcome(get("slowpoke"), token, "default", timezone.now(), None)
-    outcome.run_handler(get("slowpoke"), row)
+    outcome.run_handlers(get("slowpoke"), [row], threading.Event())
     assert (outcome.report.succeeded, outcome.report.lost) == (0, 1)
     row.refresh_from_db()
     assert (row.state, row.locked_by, row.attempts) == (State.RUNNING, "other", 2)
