@@ -1,0 +1,176 @@
+"""Benchmark 3: in-process handlers, one worker, a no-op handler.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench \\
+        .venv/bin/python -m bench.bench_handlers [--events 100000] [--rounds 3]
+
+Per round, on the same database, interleaved:
+
+* **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
+  ``--events`` committed events, batches of ``--batch-size``: what one
+  ``manage.py relay`` process does. Handlers share one transaction per group
+  (``relay.GROUP_SECONDS``), each in a savepoint, one UPDATE marks the group.
+* **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
+  so every handler gets its own transaction and mark, as outbox_app did before
+  group commits;
+* **one row per transaction**: the usual outbox loop, per row a transaction
+  that locks one due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported),
+  runs the handler and marks the row.
+
+The two baselines run on ``--baseline-events`` (default 5,000): their rate does
+not depend on the backlog, and 100,000 rows at their pace would take minutes.
+Prints deliveries/s (medians) and ratios; ``--plot NAME`` saves bench/NAME.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import os
+import statistics
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
+from outbox_app.db import lock_skipping_locked  # noqa: E402
+from outbox_app.events import decode  # noqa: E402
+from outbox_app.fanout import fan_out  # noqa: E402
+from outbox_app.registry import Handler  # noqa: E402
+from outbox_app.states import State  # noqa: E402
+from tests.testapp.events import OrderPlaced  # noqa: E402
+
+seen = 0
+
+
+def noop(event, context) -> None:
+    global seen
+    seen += 1
+
+
+HANDLER = Handler(name="bench.noop", event_types=frozenset({"OrderPlaced"}), fn=noop)
+
+
+def prepare(events: int) -> None:
+    """``events`` committed, undelivered OrderPlaced events, nothing else."""
+    Notification.objects.all().delete()
+    OutboxEvent.objects.all().delete()
+    for start in range(0, events, 1000):
+        with transaction.atomic():
+            publish(
+                *[
+                    OrderPlaced(order_id=i, total=decimal.Decimal(i))
+                    for i in range(start, min(events, start + 1000))
+                ]
+            )
+
+
+def outbox(events: int, batch_size: int) -> tuple[float, float]:
+    """(deliveries/s including fan-out, seconds spent fanning out)."""
+    global seen
+    prepare(events)
+    seen = 0
+    started = time.perf_counter()
+    fanned = fan_out(subscribers=[HANDLER], batch_size=batch_size)
+    fanned_at = time.perf_counter()
+    report = relay.deliver([HANDLER], batch_size=batch_size)
+    elapsed = time.perf_counter() - started
+    assert fanned == events and report.succeeded == events == seen, report
+    return events / elapsed, fanned_at - started
+
+
+def one_commit_per_notification(events: int, batch_size: int) -> float:
+    group, relay.GROUP_SECONDS = relay.GROUP_SECONDS, 0
+    try:
+        return outbox(events, batch_size)[0]
+    finally:
+        relay.GROUP_SECONDS = group
+
+
+def one_row_per_transaction(events: int) -> float:
+    global seen
+    prepare(events)
+    fan_out(subscribers=[HANDLER], batch_size=1000)
+    seen = 0
+    due = Notification.objects.filter(state=State.PENDING).order_by("id")
+    started = time.perf_counter()
+    while True:
+        with transaction.atomic():
+            row = lock_skipping_locked(due.select_related("event")).first()
+            if row is None:
+                break
+            event = row.event
+            noop(decode(event.event_type, event.revision, event.payload), row)
+            Notification.objects.filter(id=row.id).update(
+                state=State.SUCCEEDED, completed_at=timezone.now(), attempts=1
+            )
+    elapsed = time.perf_counter() - started
+    assert seen == events
+    return events / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--baseline-events", type=int, default=5000)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    rates: dict[str, list[float]] = {
+        "one row per transaction": [],
+        "one commit per notification": [],
+        "outbox_app": [],
+    }
+    fanning: list[float] = []
+    for round_ in range(args.rounds):
+        rates["one row per transaction"].append(
+            one_row_per_transaction(args.baseline_events)
+        )
+        rates["one commit per notification"].append(
+            one_commit_per_notification(args.baseline_events, args.batch_size)
+        )
+        rate, fan_seconds = outbox(args.events, args.batch_size)
+        rates["outbox_app"].append(rate)
+        fanning.append(fan_seconds)
+        print(
+            f"round {round_ + 1}: "
+            + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items())
+            + f" (fan-out {fan_seconds:.1f} s of it)",
+            flush=True,
+        )
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    base = medians["one row per transaction"]
+    print(
+        f"database: {connection.vendor}, {args.events:,} events "
+        f"(baselines {args.baseline_events:,}), batch size {args.batch_size}, "
+        f"{args.rounds} rounds; fan-out took {statistics.median(fanning):.1f} s"
+    )
+    print(f"{'relay':<30}{'deliveries/s (median)':>24}{'vs one row/tx':>15}")
+    for name, rate in medians.items():
+        print(f"{name:<30}{rate:>24,.0f}{rate / base:>14.1f}x")
+    if args.plot:
+        from bench.plot import bars
+
+        path = bars(
+            args.plot,
+            f"No-op handler, one worker ({connection.vendor})",
+            "deliveries/s (median)",
+            list(medians),
+            {connection.vendor: list(medians.values())},
+        )
+        print(f"plot: {path}")
+    Notification.objects.all().delete()
+    OutboxEvent.objects.all().delete()
+
+
+if __name__ == "__main__":
+    main()
