@@ -11,8 +11,10 @@ Delivery of one claimed batch:
   handler that only touches the database takes effect exactly once; a failing
   handler's savepoint is rolled back and its failure recorded after the group
   commits; if any row of the group lost its lease meanwhile, the whole group
-  rolls back. A group closes after ``GROUP_SECONDS`` (or a tenth of the lease,
-  if less), so fast handlers share one commit and slow ones get one each;
+  rolls back. A group closes after a handler that queried the database (so
+  its locks are released with it, as if it ran alone) or after
+  ``GROUP_SECONDS`` (a tenth of the lease, if less): handlers that do not touch
+  the database share one commit, the others get one each;
 * a **publisher** gets the whole batch (``send_batch``); rows it confirms become
   SUCCEEDED in one UPDATE, the others FAILED with the reason.
 
@@ -312,15 +314,20 @@ class _Outcome:
                         )
                         failures.append((row, error, True))
                         continue
-                    error = self._run_one(handler, row)
+                    error, queried = self._run_one(handler, row)
                     if error is None:
                         succeeded.append(row.id)
-                        continue
-                    give_up = isinstance(error, handler.give_up_on) or not isinstance(
-                        error, handler.retry_on
-                    )
-                    expire = give_up or row.attempts >= handler.attempts_allowed
-                    failures.append((row, error, expire))
+                    else:
+                        give_up = isinstance(
+                            error, handler.give_up_on
+                        ) or not isinstance(error, handler.retry_on)
+                        expire = give_up or row.attempts >= handler.attempts_allowed
+                        failures.append((row, error, expire))
+                    if queried:
+                        # Its locks are held until the commit: commit now, so no
+                        # lock outlives its handler (two workers' groups would
+                        # otherwise deadlock on an application's hot rows).
+                        break
                 # The compare-and-set of the whole group: it marks only rows
                 # still leased under this batch's token, and locks them until
                 # the commit.
@@ -358,8 +365,11 @@ class _Outcome:
             self.failed(row, error, expire=expire)
         return taken
 
-    def _run_one(self, handler: Handler, row: Notification) -> BaseException | None:
-        """Run one handler in its own savepoint; its error, or None on success."""
+    def _run_one(
+        self, handler: Handler, row: Notification
+    ) -> tuple[Exception | None, bool]:
+        """Run one handler in its own savepoint: (its error or None, whether it
+        queried the database)."""
 
         def call() -> None:
             event = _event_for(row)
@@ -550,7 +560,7 @@ def _event_for(row: Notification) -> Any:
     return decode(event.event_type, event.revision, event.payload)
 
 
-def _in_savepoint(connection, fn: Callable[[], None]) -> Exception | None:
+def _in_savepoint(connection, fn: Callable[[], None]) -> tuple[Exception | None, bool]:
     """Call ``fn()`` as a nested ``transaction.atomic()`` would, inside the
     group's transaction, but send the SAVEPOINT only before ``fn``'s first query
     on ``connection``: a handler that never touches this database (an e-mail, a
@@ -558,10 +568,11 @@ def _in_savepoint(connection, fn: Callable[[], None]) -> Exception | None:
     handler costs otherwise (bench/RESULTS.md, benchmark 3).
 
     Returns:
-        None when ``fn`` returned: its writes stay in the group's transaction.
-        Its exception when it raised, or left the transaction marked for
-        rollback: its writes are rolled back and the ``on_commit`` callbacks it
-        registered dropped, as ``atomic()`` does.
+        ``(error, queried)``. ``error`` is None when ``fn`` returned: its writes
+        stay in the group's transaction. It is ``fn``'s exception when it
+        raised or left the transaction marked for rollback: its writes are
+        rolled back and the ``on_commit`` callbacks it registered dropped, as
+        ``atomic()`` does. ``queried``: ``fn`` sent a query on ``connection``.
 
     Raises:
         django.db.DatabaseError: rolling back to the savepoint failed (the
@@ -587,7 +598,7 @@ def _in_savepoint(connection, fn: Callable[[], None]) -> Exception | None:
             )
         if sid:
             connection.savepoint_commit(sid)
-        return None
+        return None, sid is not None
     except Exception as exc:
         error = exc
     # As atomic() leaves a failed nested block: clear the flag, roll back to the
@@ -601,7 +612,7 @@ def _in_savepoint(connection, fn: Callable[[], None]) -> Exception | None:
             connection.needs_rollback = True
             raise
     del connection.run_on_commit[callbacks:]
-    return error
+    return error, sid is not None
 
 
 class _Timer:
