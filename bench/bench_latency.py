@@ -1,21 +1,26 @@
-"""Latency: commit -> handler start, p50/p99, at a steady publish rate.
+"""Latency: commit -> handler start and commit -> broker confirm, p50/p99, at a
+steady publish rate.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench1 \\
-        .venv/bin/python -m bench.bench_latency [--events 5000] [--rate 200]
+        .venv/bin/python -m bench.bench_latency [--events 5000] [--rate 200] \\
+        [--paths handler,broker] [--modes notify,poll]
 
 The publisher (this process) commits one ``publish()`` per transaction at
 ``--rate`` events/s and records ``time.time()`` right after the atomic block
 exits. The relay runs in a separate process (``RelayWorker(kind="handler")``,
 this module with ``--relay``), where a benchmark handler, registered only there,
-appends ``seq start_time`` to a file. Modes: ``notify`` (PostgreSQL LISTEN/NOTIFY
-wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up receiver
-disconnected in the publisher: the relay finds events by its adaptive poll,
-50 ms doubling to ``OUTBOX_POLL_INTERVAL``).
+appends ``seq start_time`` to a file (path ``handler``), or a ``KombuPublisher``
+to RabbitMQ (``--broker``, persistent messages, publisher confirms) records when
+its batch's confirms are in (path ``broker``). Modes: ``notify`` (PostgreSQL
+LISTEN/NOTIFY wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up
+receiver disconnected in the publisher: the relay finds events by its adaptive
+poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -33,25 +38,43 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from outbox_app import Notification, OutboxEvent, handler, publish  # noqa: E402
+from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
 
 EVENT_TYPE = "bench1.Ping"
+QUEUE = "outbox-bench-latency"
 
 
-def relay(log: str) -> None:
-    """The relay process: one handler that records when it starts."""
+class ConfirmTimes(KombuPublisher):
+    """KombuPublisher that appends ``seq confirm_time`` to ``$BENCH_LATENCY_LOG``
+    for every message of a batch once ``send_batch`` has its confirms."""
+
+    def send_batch(self, contexts):
+        outcomes = list(super().send_batch(contexts))
+        confirmed = time.time()
+        with open(os.environ["BENCH_LATENCY_LOG"], "a") as out:
+            for context, outcome in zip(contexts, outcomes, strict=True):
+                if outcome is None:
+                    out.write(f"{context.payload['seq']} {confirmed}\n")
+        return outcomes
+
+
+def relay(log: str, path: str) -> None:
+    """The relay process: one handler that records when it starts, or the
+    confirm-timing publisher (path ``broker``)."""
     from outbox_app.worker import RelayWorker
 
-    out = open(log, "a", buffering=1)  # noqa: SIM115 - open until the relay exits
+    if path == "handler":
+        out = open(log, "a", buffering=1)  # noqa: SIM115 - open until exit
 
-    @handler(EVENT_TYPE, name="bench1-latency")
-    def record(event, context) -> None:
-        started = time.time()
-        seq = event["seq"] if isinstance(event, dict) else event.payload["seq"]
-        out.write(f"{seq} {started}\n")
+        @handler(EVENT_TYPE, name="bench1-latency")
+        def record(event, context) -> None:
+            started = time.time()
+            seq = event["seq"] if isinstance(event, dict) else event.payload["seq"]
+            out.write(f"{seq} {started}\n")
 
     print("ready", flush=True)
-    RelayWorker(kind="handler").run()
+    RelayWorker(kind="handler" if path == "handler" else "publisher").run()
 
 
 def publish_steady(count: int, rate: float) -> dict[int, float]:
@@ -67,20 +90,36 @@ def publish_steady(count: int, rate: float) -> dict[int, float]:
     return committed
 
 
-def run_mode(mode: str, count: int, rate: float) -> list[float]:
-    """Milliseconds commit -> handler start, one per event."""
+def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list[float]:
+    """Milliseconds commit -> handler start (or broker confirm), one per event."""
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
-    log = Path(f"/tmp/bench1-latency-{mode}.log")
+    log = Path(f"/tmp/bench1-latency-{path}-{mode}.log")
     log.unlink(missing_ok=True)
     events_committed.disconnect(wake_relays, dispatch_uid="outbox_app.wake_relays")
     if mode == "notify":
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
+    publishers = {
+        "bench-latency": {
+            "BACKEND": "bench.bench_latency.ConfirmTimes",
+            "URL": broker,
+            "EXCHANGE": QUEUE,
+            "ROUTING_KEY": "{event_type}",
+            "DECLARE": [QUEUE],
+        }
+    }
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_latency", "--relay", str(log)],
+        [sys.executable, "-m", "bench.bench_latency", "--relay", str(log), path],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OUTBOX_TEST_CONN_MAX_AGE": "0"},
+        env={
+            **os.environ,
+            "OUTBOX_TEST_CONN_MAX_AGE": "0",
+            "BENCH_LATENCY_LOG": str(log),
+            "OUTBOX_TEST_PUBLISHERS": json.dumps(
+                publishers if path == "broker" else {}
+            ),
+        },
     )
     assert child.stdout.readline().strip() == "ready"
     time.sleep(2)  # the relay is idle and listening
@@ -97,6 +136,11 @@ def run_mode(mode: str, count: int, rate: float) -> list[float]:
         seq, at = line.split()
         started.setdefault(int(seq), float(at))  # first delivery (at-least-once)
     assert len(started) == count, (len(started), count)
+    if path == "broker":
+        from kombu import Connection
+
+        with Connection(broker) as amqp:
+            amqp.default_channel.queue_delete(QUEUE)
     return sorted((started[s] - committed[s]) * 1e3 for s in range(count))
 
 
@@ -106,36 +150,45 @@ def percentile(sorted_ms: list[float], p: float) -> float:
 
 def main() -> None:
     if sys.argv[1:2] == ["--relay"]:
-        return relay(sys.argv[2])
+        return relay(sys.argv[2], sys.argv[3])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--modes", default="notify,poll")
+    parser.add_argument("--paths", default="handler,broker")
+    parser.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672//")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     results = {}
-    for mode in args.modes.split(","):
-        if mode == "notify" and connection.vendor != "postgresql":
-            continue
-        ms = run_mode(mode, args.events, args.rate)
-        results[mode] = {
+    runs = [
+        (path, mode)
+        for path in args.paths.split(",")
+        for mode in args.modes.split(",")
+        if mode != "notify" or connection.vendor == "postgresql"
+    ]
+    for path, mode in runs:
+        ms = run_mode(path, mode, args.events, args.rate, args.broker)
+        label = f"{path}, {mode}"
+        results[label] = {
             "p50": statistics.median(ms),
             "p90": percentile(ms, 0.90),
             "p99": percentile(ms, 0.99),
             "max": ms[-1],
         }
+        target = "handler start" if path == "handler" else "broker confirm"
         print(
-            f"{connection.vendor} {mode}: commit -> handler start over {len(ms)} "
+            f"{connection.vendor} {mode}: commit -> {target} over {len(ms)} "
             f"events at {args.rate:.0f}/s: "
-            + ", ".join(f"{k} {v:.1f} ms" for k, v in results[mode].items()),
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in results[label].items()),
             flush=True,
         )
     from bench.plot import bars
 
     bars(
         args.plot or f"bench_latency_{connection.vendor}",
-        f"Commit -> handler start on {connection.vendor}, {args.rate:.0f} events/s",
+        f"Commit -> handler start / broker confirm on {connection.vendor}, "
+        f"{args.rate:.0f} events/s",
         "milliseconds (log scale)",
         list(results),
         {k: [results[m][k] for m in results] for k in ("p50", "p90", "p99")},

@@ -19,7 +19,9 @@ Delivery of one claimed batch:
   SUCCEEDED in one UPDATE, the others FAILED with the reason.
 
 No transaction or row lock is open while a broker call runs, and none but
-the group's own while handlers run.
+the group's own while handlers run. Under a backlog (a full batch), the next
+batch is claimed on a second connection while this one is delivered
+(PostgreSQL, MySQL/MariaDB; see ``_ClaimAhead``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta
@@ -181,60 +184,169 @@ def deliver(
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     stop = stop or threading.Event()
     report = RelayReport()
-    active = chosen
-    while active:
-        still_busy = []
-        for subscriber in active:
-            if stop.is_set():
-                return report
-            batch = _deliver_batch(
-                subscriber, using, batch_size, now or timezone.now(), worker, rng, stop
+    ahead = _ClaimAhead(using)
+
+    def claim(subscriber: Subscriber) -> _Batch:
+        return _Batch.claim(subscriber, using, batch_size, now, worker)
+
+    delivering = 0.0  # seconds the last batch took to deliver
+    try:
+        active = chosen
+        while active:
+            still_busy: list[Subscriber] = []
+            for position, subscriber in enumerate(active):
+                if stop.is_set():
+                    return report
+                batch = ahead.take(subscriber) or claim(subscriber)
+                # A full batch may have more behind it; so may any batch of an
+                # ordered subscriber, which claims only each aggregate's head.
+                if len(batch.rows) == batch_size or (subscriber.ordered and batch.rows):
+                    still_busy.append(subscriber)
+                    # A backlog: claim the next batch on a second connection
+                    # while this one is delivered (unless time is up by then).
+                    following = active[position + 1 : position + 2] or still_busy
+                    if deadline is None or time.monotonic() + delivering < deadline:
+                        ahead.submit(following[0], claim)
+                began = time.monotonic()
+                report += batch.deliver(rng, stop)
+                delivering = time.monotonic() - began
+                if deadline is not None and time.monotonic() >= deadline:
+                    return report
+            active = still_busy
+        return report
+    finally:
+        # A batch claimed ahead and not delivered (time is up, stopping, an
+        # error) is handed back.
+        report += ahead.close()
+
+
+@dataclass
+class _Batch:
+    """Rows claimed for one subscriber under one lease token."""
+
+    subscriber: Subscriber
+    using: str
+    token: Any
+    rows: list[Notification]
+    now: datetime
+    started: float  # time.monotonic() when ``now`` was read, give or take
+
+    @classmethod
+    def claim(
+        cls,
+        subscriber: Subscriber,
+        using: str,
+        batch_size: int,
+        now: datetime | None,
+        worker: str,
+    ) -> _Batch:
+        """Lease up to ``batch_size`` due rows and read what delivery needs."""
+        started = time.monotonic()
+        now = now or timezone.now()
+        rows = Notification.objects.using(using).for_subscribers(
+            subscriber.stored_names
+        )
+        token, ids = rows.claim(
+            limit=batch_size,
+            lease_seconds=outbox_settings.LEASE_SECONDS,
+            worker=worker,
+            ordered=subscriber.ordered,
+            now=now,
+        )
+        claimed = (
+            list(
+                Notification.objects.using(using)
+                .filter(id__in=ids)
+                .select_related("event")
+                .only(*CLAIMED_FIELDS)
+                .order_by("id")
             )
-            report += batch
-            # A full batch may have more behind it; so may any batch of an
-            # ordered subscriber, which claims only each aggregate's head.
-            if batch.claimed == batch_size or (subscriber.ordered and batch.claimed):
-                still_busy.append(subscriber)
-            if deadline is not None and time.monotonic() >= deadline:
-                return report
-        active = still_busy
-    return report
+            if ids
+            else []
+        )
+        return cls(subscriber, using, token, claimed, now, started)
+
+    def deliver(self, rng: random.Random | None, stop: threading.Event) -> RelayReport:
+        if not self.rows:
+            return RelayReport()
+        outcome = _Outcome(
+            self.subscriber, self.token, self.using, self.now, rng, self.started
+        )
+        if isinstance(self.subscriber, Handler):
+            outcome.run_handlers(self.subscriber, self.rows, stop)
+        else:
+            outcome.run_publisher(self.rows)
+        outcome.report.claimed = len(self.rows)
+        return outcome.report
+
+    def release(self) -> RelayReport:
+        """Hand the rows back unattempted (shutting down, time is up)."""
+        if not self.rows:
+            return RelayReport()
+        released = (
+            Notification.objects.using(self.using)
+            .filter(id__in=[row.id for row in self.rows])
+            .release(self.token)
+        )
+        return RelayReport(claimed=len(self.rows), released=released)
 
 
-def _deliver_batch(
-    subscriber: Subscriber,
-    using: str,
-    batch_size: int,
-    now: datetime,
-    worker: str,
-    rng: random.Random | None,
-    stop: threading.Event,
-) -> RelayReport:
-    started = time.monotonic()  # when ``now`` was read, give or take
-    rows = Notification.objects.using(using).for_subscribers(subscriber.stored_names)
-    token, ids = rows.claim(
-        limit=batch_size,
-        lease_seconds=outbox_settings.LEASE_SECONDS,
-        worker=worker,
-        ordered=subscriber.ordered,
-        now=now,
-    )
-    if not ids:
-        return RelayReport()
-    claimed = list(
-        Notification.objects.using(using)
-        .filter(id__in=ids)
-        .select_related("event")
-        .only(*CLAIMED_FIELDS)
-        .order_by("id")
-    )
-    outcome = _Outcome(subscriber, token, using, now, rng, started)
-    if isinstance(subscriber, Handler):
-        outcome.run_handlers(subscriber, claimed, stop)
-    else:
-        outcome.run_publisher(claimed)
-    outcome.report.claimed = len(ids)
-    return outcome.report
+class _ClaimAhead:
+    """Claims a subscriber's next batch on a second connection, in a thread,
+    while the current batch is delivered: the database work of a claim overlaps
+    the handlers' or the broker's (bench/RESULTS.md, benchmarks 2 and 3).
+
+    Not for ordered subscribers (see ``submit``), and only where a second
+    connection helps and sees the same data: not on SQLite
+    (one writer at a time) and not inside an outer transaction (a caller's
+    ``atomic()``, a test case), where claims stay on the caller's connection.
+    The thread and its connection live for one :func:`deliver` call and start
+    only once a full batch shows a backlog.
+    """
+
+    def __init__(self, using: str):
+        connection = connections[using]
+        self.using = using
+        self.enabled = connection.vendor != "sqlite" and not connection.in_atomic_block
+        self.executor: ThreadPoolExecutor | None = None
+        self.pending: tuple[Subscriber, Future[_Batch]] | None = None
+
+    def submit(self, subscriber: Subscriber, claim: Callable[[Subscriber], _Batch]):
+        if not self.enabled or self.pending is not None or subscriber.ordered:
+            # An ordered subscriber's next heads appear only once this batch
+            # is finished: claimed ahead, they would come back short or empty.
+            return
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
+        self.pending = (subscriber, self.executor.submit(claim, subscriber))
+
+    def take(self, subscriber: Subscriber) -> _Batch | None:
+        """The batch claimed ahead for ``subscriber``, if that is what was
+        claimed.
+
+        Raises:
+            django.db.DatabaseError: the claim failed.
+        """
+        if self.pending is None or self.pending[0] is not subscriber:
+            return None
+        future = self.pending[1]
+        self.pending = None
+        return future.result()
+
+    def close(self) -> RelayReport:
+        """Release a batch claimed ahead and not delivered; close the thread's
+        connection."""
+        report = RelayReport()
+        if self.pending is not None:
+            future = self.pending[1]
+            self.pending = None
+            if future.exception() is None:
+                report = future.result().release()
+        if self.executor is not None:
+            # Looked up in the thread: its own connection, not this one's.
+            self.executor.submit(lambda: connections[self.using].close()).result()
+            self.executor.shutdown()
+        return report
 
 
 class _Outcome:

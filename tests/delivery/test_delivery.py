@@ -8,12 +8,14 @@ import datetime
 import decimal
 import random
 import threading
+import time
 
 import pytest
 from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, handler, publish
+from outbox_app.conf import outbox_settings
 from outbox_app.fanout import fan_out
 from outbox_app.registry import get, unregister
 from outbox_app.relay import deliver, relay_once
@@ -659,3 +661,45 @@ def test_a_publisher_reporting_a_non_exception_fails_cleanly(settings):
     assert report.failed == 2
     row = Notification.objects.filter(subscriber="sloppy").first()
     assert row.last_error == "Sloppy reported 'nope'"
+
+
+def test_a_backlog_claims_the_next_batch_while_this_one_is_delivered(
+    registered, vendor
+):
+    """PostgreSQL and MariaDB claim the next batch on a second connection while
+    the current one runs; SQLite (one writer) claims one after the other."""
+    started = threading.Event()
+
+    @registered("OrderPlaced", name="slow_first")
+    def slow_first(event, context):
+        if not started.is_set():
+            started.set()
+            time.sleep(0.5)
+
+    place(10)
+    fan_out()
+    assert deliver([get("slow_first")], batch_size=5).succeeded == 10
+    rows = list(Notification.objects.order_by("id"))
+    lease = datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
+    # A claim sets next_retry_at to the claim time plus the lease; success
+    # leaves it.
+    second_claimed = min(row.next_retry_at - lease for row in rows[5:])
+    first_done = max(row.completed_at for row in rows[:5])
+    if vendor == "sqlite":
+        assert second_claimed >= first_done
+    else:
+        assert second_claimed < first_done
+
+
+def test_a_batch_claimed_ahead_is_handed_back_when_time_is_up(registered, vendor):
+    @registered("OrderPlaced", name="slow")
+    def slow(event, context):
+        time.sleep(0.05)
+
+    place(10)
+    fan_out()
+    report = deliver([get("slow")], batch_size=5, max_seconds=0.2)
+    ahead = 0 if vendor == "sqlite" else 5
+    assert (report.claimed, report.succeeded, report.released) == (5 + ahead, 5, ahead)
+    states = Notification.objects.values_list("state", "attempts")
+    assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5
