@@ -13,11 +13,14 @@ Per round, interleaved:
   ``confirm_delivery`` (the fastest client measured on this machine kind);
 * **outbox_app**: ``deliver()`` of a ``KombuPublisher`` over the same number of
   fanned-out PENDING notifications: claim, read, encode, publish, wait for the
-  confirms, mark SUCCEEDED, until none is due.
+  confirms, mark SUCCEEDED, until none is due; the next batch is claimed on a
+  second connection while this one is published;
+* **without claim-ahead**: the same, one batch at a time on one connection.
 
 Every message is persistent, goes to a durable topic exchange bound to one
 durable queue (purged between runs), and counts only once the broker acked it.
-Prints events/s (median over rounds) and the ratio to the faster raw client.
+Prints events/s (median over rounds) and the ratio to the faster raw client;
+``--plot NAME`` saves bench/NAME.png.
 """
 
 from __future__ import annotations
@@ -39,12 +42,15 @@ import amqp  # noqa: E402
 import pika  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
 
+from bench import without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.fanout import fan_out  # noqa: E402
 from outbox_app.publishers.cloudevents import CONTENT_TYPE, to_cloudevent  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.relay import context_for, deliver  # noqa: E402
+from outbox_app.states import State  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
 URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -74,6 +80,18 @@ def prepare(events: int, publisher: KombuPublisher) -> list[tuple[bytes, str, st
         ).encode()
         messages.append((body, str(context.event_id), "testapp.Order.OrderPlaced"))
     return messages
+
+
+def undeliver() -> None:
+    """Every notification PENDING again, as fan-out left it."""
+    Notification.objects.update(
+        state=State.PENDING,
+        attempts=0,
+        next_retry_at=timezone.now(),
+        completed_at=None,
+        locked_until=None,
+        lease_token=None,
+    )
 
 
 def purge() -> None:
@@ -189,6 +207,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     publisher = KombuPublisher(
@@ -197,10 +216,16 @@ def main() -> None:
     rates: dict[str, list[float]] = {
         "raw py-amqp": [],
         "raw pika": [],
+        "without claim-ahead": [],
         "outbox_app": [],
     }
     for round_ in range(args.rounds):
         messages = prepare(args.events, publisher)
+        with without_claim_ahead():
+            rates["without claim-ahead"].append(
+                outbox(args.events, publisher, args.batch_size)
+            )
+        undeliver()
         rates["outbox_app"].append(outbox(args.events, publisher, args.batch_size))
         rates["raw py-amqp"].append(raw_amqp(messages))
         rates["raw pika"].append(raw_pika(messages))
@@ -215,9 +240,20 @@ def main() -> None:
         f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
         f"batch size {args.batch_size}, confirm window {WINDOW}"
     )
-    print(f"{'publisher':<14}{'events/s (median)':>20}{'vs fastest raw':>16}")
+    print(f"{'publisher':<22}{'events/s (median)':>20}{'vs fastest raw':>16}")
     for name, rate in medians.items():
-        print(f"{name:<14}{rate:>20,.0f}{rate / base:>15.2f}x")
+        print(f"{name:<22}{rate:>20,.0f}{rate / base:>15.2f}x")
+    if args.plot:
+        from bench.plot import bars
+
+        path = bars(
+            args.plot,
+            f"{args.events:,} events to RabbitMQ with confirms ({connection.vendor})",
+            "events/s (median)",
+            list(medians),
+            {"events/s": list(medians.values())},
+        )
+        print(f"plot: {path}")
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
     with amqp.Connection("127.0.0.1:5672") as conn:

@@ -9,6 +9,8 @@ Per round, on the same database, interleaved:
   ``--events`` committed events, batches of ``--batch-size``: what one
   ``manage.py relay`` process does. Handlers share one transaction per group
   (``relay.GROUP_SECONDS``), each in a savepoint, one UPDATE marks the group.
+* **without claim-ahead**: the same, claiming one batch at a time on one
+  connection (``bench.without_claim_ahead``);
 * **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
   so every handler gets its own transaction and mark, as outbox_app did before
   group commits;
@@ -39,6 +41,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench import without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
 from outbox_app.db import lock_skipping_locked  # noqa: E402
 from outbox_app.events import decode  # noqa: E402
@@ -128,6 +131,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {
         "one row per transaction": [],
         "one commit per notification": [],
+        "without claim-ahead": [],
         "outbox_app": [],
     }
     fanning: list[float] = []
@@ -138,6 +142,8 @@ def main() -> None:
         rates["one commit per notification"].append(
             one_commit_per_notification(args.baseline_events, args.batch_size)
         )
+        with without_claim_ahead():
+            rates["without claim-ahead"].append(outbox(args.events, args.batch_size)[0])
         rate, fan_seconds = outbox(args.events, args.batch_size)
         rates["outbox_app"].append(rate)
         fanning.append(fan_seconds)

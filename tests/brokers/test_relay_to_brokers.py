@@ -174,8 +174,9 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
     finally:
         relay.stop(signal.SIGKILL)
         proxy.thaw()
-    running = Notification.objects.filter(state=State.RUNNING)
-    assert running.count() == 8
+    # The batch being sent, and on PostgreSQL and MariaDB the next one, claimed
+    # ahead and never sent.
+    assert Notification.objects.filter(state=State.RUNNING).count() in (8, 16)
     configure(settings, RABBITMQ_URL, unique)
     later = timezone.now() + datetime.timedelta(minutes=5)
     assert deliver(kind="publisher", now=later).succeeded == 20

@@ -189,4 +189,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (.ci/run stopping early) unwinds like an error: the running
+    # block's processes are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(main(sys.argv[1:]))
