@@ -18,3 +18,15 @@ def without_claim_ahead() -> Iterator[None]:
         yield
     finally:
         _ClaimAhead.submit = submit
+
+
+def vacuum() -> None:
+    """On PostgreSQL, VACUUM ANALYZE the outbox tables: each round deletes and
+    re-creates 100,000 rows, faster than autovacuum catches up, and the dead
+    rows would slow every later round (1.1 million were seen)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            for table in ("outbox_app_outboxevent", "outbox_app_notification"):
+                cursor.execute(f"VACUUM ANALYZE {table}")

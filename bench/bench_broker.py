@@ -44,7 +44,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import without_claim_ahead  # noqa: E402
+from bench import vacuum, without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.fanout import fan_out  # noqa: E402
 from outbox_app.publishers.cloudevents import CONTENT_TYPE, to_cloudevent  # noqa: E402
@@ -71,7 +71,9 @@ def prepare(events: int, publisher: KombuPublisher) -> list[tuple[bytes, str, st
                 ],
                 aggregate=("testapp.Order", start),
             )
+    vacuum()
     fan_out(subscribers=[publisher], batch_size=1000)
+    vacuum()
     messages = []
     for row in Notification.objects.select_related("event").iterator(chunk_size=2000):
         context = context_for(row)
@@ -92,6 +94,7 @@ def undeliver() -> None:
         locked_until=None,
         lease_token=None,
     )
+    vacuum()
 
 
 def purge() -> None:

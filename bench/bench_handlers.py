@@ -41,7 +41,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import without_claim_ahead  # noqa: E402
+from bench import vacuum, without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
 from outbox_app.db import lock_skipping_locked  # noqa: E402
 from outbox_app.events import decode  # noqa: E402
@@ -73,6 +73,7 @@ def prepare(events: int) -> None:
                     for i in range(start, min(events, start + 1000))
                 ]
             )
+    vacuum()
 
 
 def outbox(events: int, batch_size: int) -> tuple[float, float]:
