@@ -9,6 +9,7 @@ relay's own polling is what guarantees delivery.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
@@ -261,23 +262,17 @@ def _insert(rows: list[OutboxEvent], alias: str) -> None:
         row._state.adding, row._state.db = False, alias
 
 
-_insert_statements: dict[tuple[str, int], str] = {}
-
-
+@functools.cache
 def _insert_sql(alias: str, count: int) -> str:
     """``INSERT INTO <outbox> (<every column>) VALUES (...) x count``, cached."""
-    sql = _insert_statements.get((alias, count))
-    if sql is None:
-        quote = connections[alias].ops.quote_name
-        fields = OutboxEvent._meta.concrete_fields
-        one = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        sql = (
-            f"INSERT INTO {quote(OutboxEvent._meta.db_table)} "
-            f"({', '.join(quote(f.column) for f in fields)}) "
-            f"VALUES {', '.join([one] * count)}"
-        )
-        _insert_statements[(alias, count)] = sql
-    return sql
+    quote = connections[alias].ops.quote_name
+    fields = OutboxEvent._meta.concrete_fields
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    return (
+        f"INSERT INTO {quote(OutboxEvent._meta.db_table)} "
+        f"({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES {', '.join([one] * count)}"
+    )
 
 
 _wakers: dict[str, Any] = {}

@@ -47,6 +47,7 @@ from django.utils import timezone
 from . import registry
 from .backoff import retry_delay
 from .conf import outbox_settings
+from .db import is_single_writer
 from .events import decode, event_class
 from .exceptions import DeliveryError, HandlerTimeout, LeaseLost
 from .fanout import fan_out
@@ -305,9 +306,10 @@ class _ClaimAhead:
     """
 
     def __init__(self, using: str):
-        connection = connections[using]
         self.using = using
-        self.enabled = connection.vendor != "sqlite" and not connection.in_atomic_block
+        self.enabled = not (
+            is_single_writer(using) or connections[using].in_atomic_block
+        )
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[Subscriber, Future[_Batch]] | None = None
 
