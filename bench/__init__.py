@@ -30,3 +30,31 @@ def vacuum() -> None:
         with connection.cursor() as cursor:
             for table in ("outbox_app_outboxevent", "outbox_app_notification"):
                 cursor.execute(f"VACUUM ANALYZE {table}")
+
+
+def summarize(
+    medians: dict[str, float],
+    base: float,
+    *,
+    column: str,
+    unit: str,
+    title: str,
+    plot: str | None,
+) -> None:
+    """Print each variant's median and its ratio to ``base``; with ``plot``,
+    save the medians as ``bench/<plot>.png``."""
+    width = max(len(column), *map(len, medians)) + 2
+    print(f"{column:<{width}}{unit + ' (median)':>24}{'ratio':>10}")
+    for name, rate in medians.items():
+        print(f"{name:<{width}}{rate:>24,.0f}{rate / base:>9.2f}x")
+    if plot:
+        from bench.plot import bars
+
+        path = bars(
+            plot,
+            title,
+            f"{unit} (median)",
+            list(medians),
+            {unit: list(medians.values())},
+        )
+        print(f"plot: {path}")

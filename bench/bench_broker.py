@@ -44,7 +44,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import vacuum, without_claim_ahead  # noqa: E402
+from bench import summarize, vacuum, without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.fanout import fan_out  # noqa: E402
 from outbox_app.publishers.cloudevents import CONTENT_TYPE, to_cloudevent  # noqa: E402
@@ -188,9 +188,17 @@ def raw_pika(messages: list[tuple[bytes, str, str]]) -> float:
 
         channel.confirm_delivery(on_confirm, callback=on_select)
 
+    def on_open_error(connection, error):
+        connection.ioloop.stop()
+        raise RuntimeError(f"pika could not connect: {error}")
+
     connection_ = pika.SelectConnection(
-        pika.URLParameters(URL),
+        # pika reads the vhost of "amqp://...//" as "", not "/": its defaults
+        # (guest on 127.0.0.1:5672, vhost "/") are the same broker as URL.
+        pika.ConnectionParameters("127.0.0.1", 5672),
         on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_open_error_callback=on_open_error,
+        on_close_callback=lambda connection, reason: connection.ioloop.stop(),
     )
     connection_.ioloop.start()
     return len(messages) / state["elapsed"]
@@ -243,20 +251,14 @@ def main() -> None:
         f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
         f"batch size {args.batch_size}, confirm window {WINDOW}"
     )
-    print(f"{'publisher':<22}{'events/s (median)':>20}{'vs fastest raw':>16}")
-    for name, rate in medians.items():
-        print(f"{name:<22}{rate:>20,.0f}{rate / base:>15.2f}x")
-    if args.plot:
-        from bench.plot import bars
-
-        path = bars(
-            args.plot,
-            f"{args.events:,} events to RabbitMQ with confirms ({connection.vendor})",
-            "events/s (median)",
-            list(medians),
-            {"events/s": list(medians.values())},
-        )
-        print(f"plot: {path}")
+    summarize(
+        medians,
+        base,
+        column="publisher (ratio: to the faster raw client)",
+        unit="events/s",
+        title=f"{args.events:,} events to RabbitMQ with confirms ({connection.vendor})",
+        plot=args.plot,
+    )
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
     with amqp.Connection("127.0.0.1:5672") as conn:

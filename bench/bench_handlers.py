@@ -41,7 +41,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import vacuum, without_claim_ahead  # noqa: E402
+from bench import summarize, vacuum, without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
 from outbox_app.db import lock_skipping_locked  # noqa: E402
 from outbox_app.events import decode  # noqa: E402
@@ -161,20 +161,14 @@ def main() -> None:
         f"(baselines {args.baseline_events:,}), batch size {args.batch_size}, "
         f"{args.rounds} rounds; fan-out took {statistics.median(fanning):.1f} s"
     )
-    print(f"{'relay':<30}{'deliveries/s (median)':>24}{'vs one row/tx':>15}")
-    for name, rate in medians.items():
-        print(f"{name:<30}{rate:>24,.0f}{rate / base:>14.1f}x")
-    if args.plot:
-        from bench.plot import bars
-
-        path = bars(
-            args.plot,
-            f"No-op handler, one worker ({connection.vendor})",
-            "deliveries/s (median)",
-            list(medians),
-            {connection.vendor: list(medians.values())},
-        )
-        print(f"plot: {path}")
+    summarize(
+        medians,
+        base,
+        column="relay (ratio: to one row per transaction)",
+        unit="deliveries/s",
+        title=f"No-op handler, one worker ({connection.vendor})",
+        plot=args.plot,
+    )
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
 
