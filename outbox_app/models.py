@@ -151,9 +151,11 @@ class Notification(models.Model):
             ),
         ]
         indexes = [
-            # Claims: due rows of some subscribers.
+            # Claims: due rows of some subscribers, in claim order
+            # (next_retry_at, id), so a claim reads only the rows it takes,
+            # whatever the backlog and however stale the table's statistics.
             FilteredIndex(
-                fields=["subscriber", "next_retry_at"],
+                fields=["subscriber", "next_retry_at", "id"],
                 name="outbox_notification_due",
                 when=Q(state__in=CLAIMABLE),
                 fallback_prefix=["state"],
