@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -37,9 +38,9 @@ def bars(
     for i, (label, values) in enumerate(series.items()):
         xs = [g + i * width for g in range(len(groups))]
         drawn = ax.bar(xs, values, width, label=label)
-        ax.bar_label(drawn, fmt="%.3g", fontsize=7)
+        ax.bar_label(drawn, labels=[_figure(v) for v in values], fontsize=7)
     ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
-    ax.set_xticklabels(groups)
+    ax.set_xticklabels([textwrap.fill(group, 18) for group in groups], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log:
@@ -49,3 +50,10 @@ def bars(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _figure(value: float) -> str:
+    """1,234 or 12.3 or 0.97: three significant digits, thousands separated."""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
