@@ -417,6 +417,25 @@ def test_bad_stored_payload_fails_only_that_notification(registered):
     assert {"anything": 1} in seen  # no class: the handler gets the payload
 
 
+def test_fan_out_pages_by_id__an_event_committed_late_with_a_lower_id_goes_next(
+    handlers,
+):
+    import uuid
+
+    handlers("record")
+    events = place(5)
+    assert fan_out(batch_size=2) == 5  # three batches, each after the last
+    # A transaction that took its id before the others and committed after
+    # this fan-out passed it: the next call takes it.
+    late = OutboxEvent.objects.get(id=events[0].id)
+    late.id, late.delivered = uuid.UUID(int=1), False
+    late.save(force_insert=True)
+    assert fan_out(batch_size=2) == 1
+    per_event = Notification.objects.filter(event_id=events[1].id).count()
+    assert Notification.objects.filter(event_id=late.id).count() == per_event > 0
+    assert fan_out(batch_size=2) == 0
+
+
 def test_sentinels_are_never_fanned_out(handlers):
     from outbox_app import outbox_action
 
