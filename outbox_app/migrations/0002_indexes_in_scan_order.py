@@ -5,9 +5,10 @@ Fan-out takes undelivered events of subscribed types in id order, and a claim
 takes due notifications in (next_retry_at, id) order. With the old column
 orders, (event_type, id) and (subscriber, next_retry_at), neither scan could
 stop after its batch: PostgreSQL sorted the whole backlog per claim (114 ms per
-100 rows at 220,000 due) or, with statistics stale after a bulk publish, walked
-the primary key through every delivered event per fan-out batch (353 ms per 100
-events at 280,000 delivered). bench/RESULTS.md, benchmark 5.
+100 rows at 220,000 due), and fan-out read every event it had already flipped
+(353 ms per 100 events at 280,000; fanout.py now also pages by id, since with
+stale statistics PostgreSQL may prefer the primary key). bench/RESULTS.md,
+benchmark 5.
 """
 
 from django.db import migrations, models
