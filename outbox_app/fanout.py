@@ -29,12 +29,14 @@ def fan_out(
 ) -> int:
     """Create the notifications of undelivered events, oldest first, in batches.
 
-    Each batch is one short transaction: lock the oldest undelivered events of
-    subscribed types, insert their notifications with one ``INSERT ... SELECT``
-    per subscriber (idempotently: the ``(event, subscriber)`` pair is unique),
-    flip ``delivered``. Concurrent
-    fan-outs wait for each other's batch rather than skip it, so an aggregate's
-    notifications always appear in event order, which ordered delivery relies on.
+    Each batch is one short transaction: find the oldest undelivered events of
+    subscribed types after the previous batch's last id, lock them by primary
+    key, insert their notifications with one ``INSERT ... SELECT`` per
+    subscriber (idempotently: the ``(event, subscriber)`` pair is unique), flip
+    ``delivered``. Concurrent fan-outs wait for each other's batch rather than
+    skip it, so an aggregate's notifications always appear in event order,
+    which ordered delivery relies on. An event that commits after this call
+    passed its id is left to the next call.
 
     Args:
         using: database alias.

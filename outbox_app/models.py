@@ -72,10 +72,8 @@ class OutboxEvent(models.Model):
         ]
         indexes = [
             # Fan-out scans undelivered events of subscribed types, oldest
-            # first: in id order, so a batch reads only the entries it takes
-            # (event_type is tested in the index, skipping the events nobody
-            # subscribes to), and no plan can beat it by walking the primary
-            # key through the delivered history.
+            # first: in id order, so a batch (which starts after the previous
+            # one's last id, fanout.py) reads only the entries it takes.
             FilteredIndex(
                 fields=["id", "event_type"],
                 name="outbox_event_undelivered",

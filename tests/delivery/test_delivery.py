@@ -9,6 +9,7 @@ import decimal
 import random
 import threading
 import time
+import uuid
 
 import pytest
 from django.db import transaction
@@ -420,8 +421,6 @@ def test_bad_stored_payload_fails_only_that_notification(registered):
 def test_fan_out_pages_by_id__an_event_committed_late_with_a_lower_id_goes_next(
     handlers,
 ):
-    import uuid
-
     handlers("record")
     events = place(5)
     assert fan_out(batch_size=2) == 5  # three batches, each after the last
