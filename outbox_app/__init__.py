@@ -27,14 +27,17 @@ from .exceptions import (
     OutboxError,
     OutboxRequiresActiveTransaction,
     PayloadTooLarge,
+    PublisherUnavailable,
     RelayAlreadyRunning,
+    UndeliverableMessage,
     UnknownSubscriber,
 )
 
 if TYPE_CHECKING:
     from .models import Notification, OutboxEvent
     from .publishing import events_committed, outbox_action, publish
-    from .registry import DeliveryContext, handler
+    from .registry import handler
+    from .subscribers import DeliveryContext
 
 __all__ = [
     "DeliveryContext",
@@ -54,7 +57,9 @@ __all__ = [
     "OutboxEvent",
     "OutboxRequiresActiveTransaction",
     "PayloadTooLarge",
+    "PublisherUnavailable",
     "RelayAlreadyRunning",
+    "UndeliverableMessage",
     "UnknownSubscriber",
     "events_committed",
     "handler",
@@ -70,7 +75,7 @@ _LAZY = {
     "OutboxEvent": "models",
     "Notification": "models",
     "handler": "registry",
-    "DeliveryContext": "registry",
+    "DeliveryContext": "subscribers",
 }
 
 

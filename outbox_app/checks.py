@@ -64,6 +64,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "PUBLISHERS": ("outbox.E010", _publishers, "a dict of name -> dict of options"),
     "CELERY_WAKE": ("outbox.E011", lambda v: isinstance(v, bool), "True or False"),
     "TRACEBACK_MAX_CHARS": ("outbox.E012", _non_negative_int, "a non-negative integer"),
+    "PAUSE_MAX_SECONDS": (
+        "outbox.E016",
+        _positive_number,
+        "a positive number of seconds",
+    ),
 }
 
 

@@ -47,6 +47,11 @@ DEFAULTS: dict[str, Setting] = {
     "POLL_INTERVAL": Setting(
         1.0, "Longest idle wait of the relay loop between polls, in seconds."
     ),
+    "PAUSE_MAX_SECONDS": Setting(
+        30.0,
+        "Longest wait between probes of a publisher paused by an outage of its "
+        "destination, in seconds.",
+    ),
     "RETENTION_DAYS": Setting(
         30, "Finished rows older than this many days may be purged."
     ),

@@ -7,17 +7,25 @@ LISTEN/NOTIFY) and gives the rest of the app one portable operation.
 
 from __future__ import annotations
 
+import datetime
 import fcntl
+import functools
+import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connections, models
 from django.db.models import Q, QuerySet
 from django.db.models.constants import OnConflict
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from .exceptions import RelayAlreadyRunning
 
@@ -57,12 +65,6 @@ class FilteredIndex(models.Index):
     def create_sql(self, model, schema_editor, using="", **kwargs):
         concrete = self._concrete(schema_editor.connection)
         return concrete.create_sql(model, schema_editor, using=using, **kwargs)
-
-
-def has_skip_locked(alias: str) -> bool:
-    """True where several relays can claim rows side by side (PostgreSQL, MySQL 8,
-    MariaDB 10.6+)."""
-    return connections[alias].features.has_select_for_update_skip_locked
 
 
 def lock_skipping_locked(queryset: QuerySet) -> QuerySet:
@@ -121,6 +123,108 @@ def insert_select(model: type[models.Model], columns: dict[str, Any], source) ->
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.rowcount
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What the relay's raw statements (``delivery/gateway.py``) need to know
+    about one database: its capabilities and how values cross the DB-API.
+
+    Attributes:
+        vendor: ``connection.vendor``, for messages only.
+        skip_locked: ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8,
+            MariaDB 10.6+); SQLite serialises its writers instead.
+        lock_of: ``FOR UPDATE OF <table>`` (PostgreSQL).
+        update_returning: ``UPDATE ... RETURNING`` (PostgreSQL; SQLite 3.35+,
+            whose RETURNING may hold scalar subqueries but not a join).
+        writable_cte: data-modifying statements in ``WITH`` (PostgreSQL): a
+            claim and its read, or a fan-out batch's lock, insert and flip,
+            are one statement.
+        array_parameter: one list parameter for ``= ANY(%s)`` (PostgreSQL);
+            elsewhere a list is spelled ``IN (%s, %s, ...)``.
+        native_uuid: UUIDs cross as ``uuid.UUID``; elsewhere as 32 hex digits.
+    """
+
+    vendor: str
+    skip_locked: bool
+    lock_of: bool
+    update_returning: bool
+    writable_cte: bool
+    array_parameter: bool
+    native_uuid: bool
+    quote_char: str
+
+    def quote(self, name: str) -> str:
+        return f"{self.quote_char}{name}{self.quote_char}"
+
+    def in_list(self, column: str, count: int) -> str:
+        """``column`` is one of a list of ``count`` parameters."""
+        if self.array_parameter:
+            return f"{column} = ANY(%s)"
+        return f"{column} IN ({', '.join(['%s'] * count)})"
+
+    def list_params(self, values: list) -> list:
+        """The parameters :meth:`in_list` expects for ``values``."""
+        return [list(values)] if self.array_parameter else list(values)
+
+    def uuid_param(self, value: uuid.UUID | None) -> Any:
+        if value is None or self.native_uuid:
+            return value
+        return value.hex
+
+    def uuid_value(self, value: Any) -> uuid.UUID | None:
+        if value is None or isinstance(value, uuid.UUID):
+            return value
+        return uuid.UUID(value)
+
+    def datetime_param(self, value: datetime.datetime) -> Any:
+        """As ``DateTimeField`` stores it: aware on PostgreSQL, naive UTC text
+        or value elsewhere (``USE_TZ``)."""
+        if self.vendor == "postgresql":
+            return value
+        if settings.USE_TZ and timezone.is_aware(value):
+            value = timezone.make_naive(value, datetime.UTC)
+        return value.isoformat(" ") if self.vendor == "sqlite" else value
+
+    def datetime_value(self, value: Any) -> datetime.datetime | None:
+        if isinstance(value, str):  # SQLite, from an expression
+            value = parse_datetime(value)
+        if value is not None and settings.USE_TZ and timezone.is_naive(value):
+            value = value.replace(tzinfo=datetime.UTC)
+        return value
+
+    @staticmethod
+    def json_value(value: Any) -> Any:
+        """A JSON column's value: the drivers return its text (Django registers
+        PostgreSQL's jsonb loader as text, as ``JSONField`` expects)."""
+        if isinstance(value, str | bytes):
+            return json.loads(value)
+        return value
+
+
+def dialect(alias: str) -> Dialect:
+    """The :class:`Dialect` of database ``alias`` (looked up per call: cheap,
+    and right in every thread, whose connections are their own)."""
+    return _dialect(alias, connections[alias].vendor)
+
+
+@functools.cache
+def _dialect(alias: str, vendor: str) -> Dialect:
+    connection = connections[alias]
+    features = connection.features
+    returning = vendor == "postgresql"
+    if vendor == "sqlite":
+        returning = connection.Database.sqlite_version_info >= (3, 35)
+    return Dialect(
+        vendor=vendor,
+        skip_locked=features.has_select_for_update_skip_locked,
+        lock_of=features.has_select_for_update_of,
+        update_returning=returning,
+        writable_cte=vendor == "postgresql",
+        array_parameter=vendor == "postgresql",
+        native_uuid=features.has_native_uuid_field,
+        quote_char=connection.ops.quote_name("x")[0],
+    )
 
 
 def is_single_writer(alias: str) -> bool:

@@ -103,6 +103,27 @@ class DeliveryError(OutboxError):
     """
 
 
+class PublisherUnavailable(DeliveryError):
+    """The destination itself failed, not the message: the connection was
+    refused or reset, the channel closed, or the broker did not confirm in time.
+
+    The relay pauses that publisher as a whole (capped, jittered backoff, one
+    log line per change), hands the batch back without counting an attempt,
+    and resumes once a probe connects again (docs/relay.md, "Outages"). A
+    custom publisher raises it (or returns it as a message's outcome) for an
+    outage of its destination.
+    """
+
+
+class UndeliverableMessage(DeliveryError):
+    """This message can never be sent as it is: it cannot be encoded (a routing
+    key over 255 bytes, a field the routing-key template needs is missing).
+
+    Retrying cannot help, so the notification expires at once with the
+    reason (an operator fixes the cause, then requeues it).
+    """
+
+
 class RelayAlreadyRunning(OutboxError):
     """A second relay started against a SQLite database that already has one.
 

@@ -22,7 +22,11 @@ from django.utils.translation import gettext_lazy as _
 from . import ids
 from .db import FilteredIndex
 from .events import OutboxJSONEncoder
-from .querysets import NotificationQuerySet, OutboxEventQuerySet
+from .querysets import (
+    NotificationQuerySet,
+    OutboxEventQuerySet,
+    SubscriberPauseQuerySet,
+)
 from .states import CLAIMABLE, UNFINISHED, State
 
 
@@ -77,6 +81,14 @@ class OutboxEvent(models.Model):
             FilteredIndex(
                 fields=["id", "event_type"],
                 name="outbox_event_undelivered",
+                when=Q(delivered=False),
+                fallback_prefix=["delivered"],
+            ),
+            # Ordered claims: does an aggregate have an earlier event still
+            # waiting for fan-out (gateway.py)? Only waiting rows are indexed.
+            FilteredIndex(
+                fields=["aggregate_type", "aggregate_id", "aggregate_version", "id"],
+                name="outbox_event_undelivered_agg",
                 when=Q(delivered=False),
                 fallback_prefix=["delivered"],
             ),
@@ -178,6 +190,36 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} -> {self.subscriber} [{self.state}]"
+
+
+class SubscriberPause(models.Model):
+    """A publisher a relay paused because its destination was unreachable
+    (``delivery/publishers.py``): written when it pauses, after each failed
+    probe and when it resumes, so operators see outages in ``outbox_status``
+    and the admin overview. No attempt is counted while it is paused.
+    """
+
+    subscriber = models.CharField(max_length=150, unique=True)
+    paused_at = models.DateTimeField(help_text=_("When the outage began."))
+    resume_at = models.DateTimeField(help_text=_("When the next probe may run."))
+    resumed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("When a probe succeeded; empty while paused."),
+    )
+    probes = models.PositiveIntegerField(default=0, help_text=_("Failed probes."))
+    reason = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=255, blank=True, default="")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = SubscriberPauseQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("subscriber pause")
+        verbose_name_plural = _("subscriber pauses")
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} paused at {self.paused_at}"
 
 
 class OutboxOverview(Notification):

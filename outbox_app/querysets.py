@@ -1,30 +1,26 @@
-"""Predicates and state transitions of the outbox tables.
+"""Predicates and operators' state transitions of the outbox tables.
 
-Every write to a notification's state happens here, once: the relay, the admin,
-the management commands and the Celery tasks call these methods and never
-update a row themselves. Transitions of a claimed row are compare-and-set on its
-lease token, so a worker that lost its lease writes nothing.
+The admin, the management commands and the Celery tasks call these methods and
+never update a row themselves. The relay's own transitions (claim, renew,
+succeed, fail, release) are raw statements in
+:mod:`outbox_app.delivery.gateway`, the hot path's only sender of SQL.
 """
 
 from __future__ import annotations
 
 import datetime
-import uuid
 from collections.abc import Iterable
 
-from django.db import transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import F, QuerySet, Value
 from django.utils import timezone
 
-from .db import insert_select, lock_skipping_locked
+from .db import insert_select
 from .states import (
     CLAIMABLE,
     EXPIRABLE,
     REQUEUEABLE,
     RETRYABLE,
     SKIPPABLE,
-    UNFINISHED,
     State,
 )
 
@@ -54,30 +50,6 @@ class NotificationQuerySet(QuerySet):
         come, and RUNNING rows whose lease ran out."""
         return self.filter(
             state__in=CLAIMABLE, next_retry_at__lte=now or timezone.now()
-        )
-
-    def heads(self) -> NotificationQuerySet:
-        """Only the first unfinished row of each (subscriber, aggregate).
-
-        "First" is by ``aggregate_version`` when the event has one, else by event
-        id (UUIDv7, publish order). A row with no aggregate is its own head.
-        """
-        unfinished = self.model._default_manager.filter(
-            subscriber=OuterRef("subscriber"),
-            aggregate_type=OuterRef("aggregate_type"),
-            aggregate_id=OuterRef("aggregate_id"),
-            state__in=UNFINISHED,
-        )
-        earlier_by_id = Q(event_id__lt=OuterRef("event_id"))
-        earlier_by_version = Q(aggregate_version__lt=OuterRef("aggregate_version")) | Q(
-            aggregate_version__isnull=True, event_id__lt=OuterRef("event_id")
-        )
-        return self.filter(
-            Q(~Exists(unfinished.filter(earlier_by_id)), aggregate_version__isnull=True)
-            | Q(
-                ~Exists(unfinished.filter(earlier_by_version)),
-                aggregate_version__isnull=False,
-            )
         )
 
     def blocked_aggregates(self) -> int:
@@ -121,130 +93,6 @@ class NotificationQuerySet(QuerySet):
             if not field.primary_key  # numbered by the database
         }
         return insert_select(model, columns, events.using(self.db).order_by("id"))
-
-    # --- the relay's transitions --------------------------------------------------
-
-    def claim(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        worker: str,
-        ordered: bool = False,
-        now: datetime.datetime | None = None,
-    ) -> tuple[uuid.UUID, list[int]]:
-        """Lease up to ``limit`` due rows of this queryset in one short transaction.
-
-        The rows become RUNNING with ``attempts + 1``, a fresh lease token and
-        ``locked_until = next_retry_at = now + lease_seconds``. Rows another
-        worker holds are skipped (``FOR UPDATE SKIP LOCKED``); no lock outlives
-        the transaction.
-
-        Args:
-            limit: most rows to claim.
-            lease_seconds: lease length, in seconds.
-            worker: who holds the lease (``host:pid``), for operators.
-            ordered: claim only each aggregate's head (see :meth:`heads`).
-            now: the clock (tests pass a fixed one).
-
-        Returns:
-            ``(lease_token, claimed ids)``; the ids are empty when nothing is due.
-        """
-        now = now or timezone.now()
-        token = uuid.uuid4()
-        candidates = self.due(now)
-        if ordered:
-            candidates = candidates.heads()
-        candidates = lock_skipping_locked(candidates.order_by("next_retry_at", "id"))
-        expiry = now + datetime.timedelta(seconds=lease_seconds)
-        with transaction.atomic(using=self.db):
-            ids = list(candidates.values_list("id", flat=True)[:limit])
-            if ids:
-                self.model._default_manager.using(self.db).filter(id__in=ids).update(
-                    state=State.RUNNING,
-                    attempts=F("attempts") + 1,
-                    lease_token=token,
-                    locked_by=worker[:255],
-                    locked_until=expiry,
-                    next_retry_at=expiry,
-                    updated_at=now,
-                )
-        return token, ids
-
-    def leased(self, token: uuid.UUID) -> NotificationQuerySet:
-        """Rows still held under ``token``: the fence every outcome passes."""
-        return self.filter(lease_token=token, state=State.RUNNING)
-
-    def renew(
-        self, token: uuid.UUID, lease_seconds: float, now: datetime.datetime
-    ) -> int:
-        """Extend the lease of the rows still held under ``token`` to
-        ``now + lease_seconds``. Returns rows renewed."""
-        expiry = now + datetime.timedelta(seconds=lease_seconds)
-        return self.leased(token).update(
-            locked_until=expiry, next_retry_at=expiry, updated_at=now
-        )
-
-    def succeed(self, token: uuid.UUID, now: datetime.datetime | None = None) -> int:
-        """Mark the rows held under ``token`` SUCCEEDED. Returns rows written."""
-        now = now or timezone.now()
-        return self.leased(token).update(
-            state=State.SUCCEEDED,
-            completed_at=now,
-            locked_until=None,
-            lease_token=None,
-            updated_at=now,
-        )
-
-    def fail(
-        self,
-        token: uuid.UUID,
-        *,
-        error: str,
-        error_type: str,
-        traceback: str,
-        retry_at: datetime.datetime | None,
-        now: datetime.datetime | None = None,
-    ) -> int:
-        """Record a failed attempt on the rows held under ``token``.
-
-        ``retry_at=None`` expires them (the dead letter); otherwise they become
-        FAILED and due again at ``retry_at``. The error is kept either way.
-        Returns rows written (0: the lease was lost).
-        """
-        now = now or timezone.now()
-        fields = {
-            "last_error": error,
-            "last_error_type": error_type[:255],
-            "last_traceback": traceback,
-            "first_failed_at": Coalesce(F("first_failed_at"), Value(now)),
-            "locked_until": None,
-            "lease_token": None,
-            "updated_at": now,
-        }
-        if retry_at is None:
-            fields.update(state=State.EXPIRED, completed_at=now)
-        else:
-            fields.update(state=State.FAILED, next_retry_at=retry_at)
-        return self.leased(token).update(**fields)
-
-    def release(self, token: uuid.UUID, now: datetime.datetime | None = None) -> int:
-        """Hand back rows claimed under ``token`` but never attempted (a relay
-        shutting down): due now, the claim's attempt taken back."""
-        now = now or timezone.now()
-        return self.leased(token).update(
-            # A row with a failed attempt before this one goes back to FAILED.
-            state=Case(
-                When(attempts__gt=1, then=Value(State.FAILED)),
-                default=Value(State.PENDING),
-            ),
-            attempts=F("attempts") - 1,
-            next_retry_at=now,
-            locked_until=None,
-            lease_token=None,
-            locked_by="",
-            updated_at=now,
-        )
 
     # --- operators' transitions ---------------------------------------------------
 
@@ -329,3 +177,33 @@ class NotificationQuerySet(QuerySet):
             # Re-filtered, so a row that changed state meanwhile is left alone.
             total += base.filter(id__in=ids).update(**fields)
             last_id = ids[-1]
+
+
+class SubscriberPauseQuerySet(QuerySet):
+    def record(self, subscriber: str, pause, resumed_at) -> None:
+        """Write a relay's pause of ``subscriber`` (a
+        :class:`outbox_app.delivery.publishers.Pause`), ``resumed_at`` set when
+        a probe succeeded."""
+        from .delivery.loop import worker_name
+
+        self.update_or_create(
+            subscriber=subscriber,
+            defaults={
+                "paused_at": pause.since,
+                "resume_at": pause.resume_at,
+                "resumed_at": resumed_at,
+                "probes": pause.probes,
+                "reason": pause.reason[:2000],
+                "worker": worker_name(),
+                "updated_at": timezone.now(),
+            },
+        )
+
+    def paused(self, now: datetime.datetime | None = None) -> SubscriberPauseQuerySet:
+        """Pauses still on: not resumed, and probed recently enough that a relay
+        is still at it (a relay that stopped while paused leaves its row)."""
+        from .conf import outbox_settings
+
+        now = now or timezone.now()
+        stale = datetime.timedelta(seconds=2 * outbox_settings.PAUSE_MAX_SECONDS + 60)
+        return self.filter(resumed_at__isnull=True, resume_at__gte=now - stale)

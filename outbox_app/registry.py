@@ -1,122 +1,25 @@
-"""Subscribers: in-process handlers (``@handler``) and broker publishers
-(``OUTBOX_PUBLISHERS``), and which event types each receives.
+"""Which subscribers this process has: in-process handlers (``@handler``) and
+broker publishers (``OUTBOX_PUBLISHERS``).
 
 A subscriber's ``name`` is the stable key stored on its notifications. A handler's
 defaults to the function's dotted path; ``aliases`` keeps rows stored under an
 old name flowing after a rename. A publisher's name is its ``OUTBOX_PUBLISHERS``
-key.
+key. The subscriber classes themselves are in :mod:`outbox_app.subscribers`.
 """
 
 from __future__ import annotations
 
-import datetime
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import outbox_settings
 from .events import Event, validate_event_type
 from .exceptions import UnknownSubscriber
-
-if TYPE_CHECKING:
-    from .publishers.base import Publisher
-
-Kind = Literal["handler", "publisher"]
-WILDCARD = "*"
-
-
-@dataclass(frozen=True)
-class DeliveryContext:
-    """What a handler receives besides the event, and what a publisher sends.
-
-    Attributes:
-        event_id: the outbox event's id (UUIDv7); consumers deduplicate by it.
-        namespace: the publishing service (``OUTBOX_NAMESPACE``).
-        event_type, revision: the stored type name and payload revision.
-        payload: the stored JSON payload (plain JSON types).
-        aggregate_type, aggregate_id, aggregate_version: the aggregate, if any.
-        headers: the envelope headers given to ``publish()``.
-        tenant_id, action_id: tenant and action, if any.
-        occurred_at: when the event was published (aware datetime).
-        attempt: this delivery attempt, 1 for the first.
-        subscriber: the receiving subscriber's name.
-        notification_id: the notification row being delivered.
-    """
-
-    event_id: uuid.UUID
-    namespace: str
-    event_type: str
-    revision: int
-    payload: dict[str, Any]
-    aggregate_type: str | None
-    aggregate_id: str | None
-    aggregate_version: int | None
-    headers: dict[str, Any]
-    tenant_id: str | None
-    action_id: uuid.UUID | None
-    occurred_at: datetime.datetime
-    attempt: int
-    subscriber: str
-    notification_id: int
-
-
-@dataclass(eq=False)
-class Subscriber:
-    """Anything that receives events: common delivery options.
-
-    Attributes:
-        name: stable key stored on notifications.
-        event_types: the types received; ``None`` means every type.
-        ordered: deliver each aggregate's events strictly in publish order.
-        max_attempts: attempts before EXPIRED; ``None`` uses OUTBOX_MAX_ATTEMPTS.
-        aliases: former names whose stored rows this subscriber still takes.
-    """
-
-    kind: ClassVar[Kind]
-
-    name: str
-    event_types: frozenset[str] | None
-    ordered: bool = False
-    max_attempts: int | None = None
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def stored_names(self) -> tuple[str, ...]:
-        """Names its notification rows may carry: its own and its aliases."""
-        return (self.name, *self.aliases)
-
-    def receives(self, event_type: str) -> bool:
-        return self.event_types is None or event_type in self.event_types
-
-    @property
-    def attempts_allowed(self) -> int:
-        return self.max_attempts or outbox_settings.MAX_ATTEMPTS
-
-
-@dataclass(eq=False)
-class Handler(Subscriber):
-    """An in-process handler: ``fn(event, context)``.
-
-    Attributes:
-        fn: the callable. It receives the rebuilt event (an ``Event`` instance, or
-            the payload dict for a type with no class) and a DeliveryContext.
-        retry_on: exceptions that fail the attempt and are retried.
-        give_up_on: exceptions that expire the notification at once.
-        timeout: seconds an attempt may run before HandlerTimeout interrupts it
-            (main thread only, via SIGALRM); ``None`` for no limit.
-    """
-
-    fn: Callable[[Any, DeliveryContext], Any] = field(default=lambda e, c: None)
-    retry_on: tuple[type[BaseException], ...] = (Exception,)
-    give_up_on: tuple[type[BaseException], ...] = ()
-    timeout: float | None = None
-
-    kind: ClassVar[Kind] = "handler"
-
+from .publishers.base import Publisher, build_publisher
+from .subscribers import Handler, Kind, Subscriber
 
 _handlers: dict[str, Handler] = {}
 _lock = threading.Lock()
@@ -209,36 +112,51 @@ def handlers() -> list[Handler]:
         return list(_handlers.values())
 
 
-_publishers: dict[tuple[str, str], Publisher] = {}
+#: Publishers built by each thread (a greenlet under gevent's patched
+#: ``threading.local``): a publisher holds a broker connection and the confirm
+#: state of its batches, which one thread at a time may use, so relays running
+#: side by side in one process (Celery's thread and gevent pools) never share
+#: one.
+_local = threading.local()
+#: Every publisher built, whichever thread built it, for close_publishers().
+_built: list[Publisher] = []
+#: Bumped by close_publishers(): a thread's cache of an older generation is
+#: dropped, so no thread reuses a closed publisher.
+_generation = 0
 
 
 def publishers() -> list[Publisher]:
-    """One publisher per ``OUTBOX_PUBLISHERS`` entry, built on first use.
+    """This thread's publisher for each ``OUTBOX_PUBLISHERS`` entry, built on
+    first use.
 
     Raises:
         ImproperlyConfigured: an entry's ``BACKEND`` cannot be imported or
             rejects its options.
     """
-    from .publishers.base import build_publisher
-
     configured: Mapping[str, Mapping[str, Any]] = outbox_settings.PUBLISHERS
+    if getattr(_local, "generation", None) != _generation:
+        _local.publishers, _local.generation = {}, _generation
+    cache: dict[tuple[str, str], Publisher] = _local.publishers
     result = []
-    with _lock:
-        for key, options in configured.items():
-            cache_key = (key, repr(sorted(options.items())))
-            publisher = _publishers.get(cache_key)
-            if publisher is None:
-                publisher = _publishers[cache_key] = build_publisher(key, options)
-            result.append(publisher)
+    for key, options in configured.items():
+        cache_key = (key, repr(sorted(options.items())))
+        publisher = cache.get(cache_key)
+        if publisher is None:
+            publisher = cache[cache_key] = build_publisher(key, options)
+            with _lock:
+                _built.append(publisher)
+        result.append(publisher)
     return result
 
 
 def close_publishers() -> None:
-    """Close every publisher built so far and forget them (a relay shutting down;
-    tests changing ``OUTBOX_PUBLISHERS``)."""
+    """Close every publisher built so far, in every thread, and forget them (a
+    relay shutting down; tests changing ``OUTBOX_PUBLISHERS``)."""
+    global _generation
     with _lock:
-        built = list(_publishers.values())
-        _publishers.clear()
+        built = list(_built)
+        _built.clear()
+        _generation += 1
     for publisher in built:
         publisher.close()
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from . import registry
 from .models import Notification, OutboxEvent
 from .states import State
+from .subscribers import Subscriber
 
 #: Deliveries not finished and still being tried: what the lag measures.
 WAITING = (State.PENDING, State.RUNNING, State.FAILED)
@@ -256,7 +257,7 @@ def _row(
     }
 
 
-def _oldest_undelivered(undelivered, subscribers: Sequence[registry.Subscriber]):
+def _oldest_undelivered(undelivered, subscribers: Sequence[Subscriber]):
     """Creation time of the oldest event waiting for fan-out that some subscriber
     receives (an event nobody subscribes to waits on purpose)."""
     if not subscribers:

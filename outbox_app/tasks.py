@@ -31,7 +31,7 @@ PURGE_OUTBOX = "outbox_app.purge_outbox"
 def _relay(kind: str, using: str, max_seconds: float, batch_size: int | None) -> dict:
     # Imported here so a project's celery.py can import this module (for
     # beat_schedule) before Django's app registry is ready.
-    from .relay import relay_once
+    from .delivery import relay_once
 
     try:
         with single_relay_guard(using):

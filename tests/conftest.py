@@ -25,6 +25,15 @@ def require_service(name: str, reachable: bool, detail: str = "") -> None:
     pytest.skip(message)
 
 
+@pytest.fixture(autouse=True)
+def _no_pauses_across_tests():
+    """Publishers paused by one test's outage are not paused in the next."""
+    from outbox_app.delivery.publishers import pauses
+
+    yield
+    pauses.clear()
+
+
 @pytest.fixture
 def wakeups():
     """The database aliases of every outbox wake-up signalled during the test."""

@@ -14,7 +14,16 @@ A publisher is configured as one ``OUTBOX_PUBLISHERS`` entry::
 
 It is a subscriber of the delivery engine like a handler, so it gets
 notifications, retries, backoff, expiry, ordering and requeue for free. A backend
-implements :meth:`Publisher.send_batch`.
+implements :meth:`Publisher.send_batch`; one that can keep several batches on
+the wire (publisher confirms) also implements :meth:`Publisher.send` and
+:meth:`Publisher.collect`, and one that can check its destination cheaply
+implements :meth:`Publisher.probe`.
+
+Outcomes: ``None`` (delivered), :class:`~outbox_app.exceptions.PublisherUnavailable`
+(the destination is down: the relay pauses the publisher and counts no
+attempt), :class:`~outbox_app.exceptions.UndeliverableMessage` (this message
+can never be sent: it expires at once), any other exception (this message
+failed: retried with backoff, one attempt counted).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import Any, ClassVar
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ..registry import WILDCARD, DeliveryContext, Kind, Subscriber
+from ..subscribers import WILDCARD, DeliveryContext, Kind, Subscriber
 
 DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
 #: Options every publisher understands; a backend adds its own.
@@ -74,11 +83,40 @@ class Publisher(Subscriber):
 
         ``None`` means delivered: the destination confirmed it (for RabbitMQ, a
         publisher confirm). An exception instance means not delivered; its text
-        is recorded on the notification and the message is retried with
-        backoff. A backend may also raise: every message of the batch then fails
-        with that exception.
+        is recorded on the notification and, unless it is
+        :class:`~outbox_app.exceptions.PublisherUnavailable` or
+        :class:`~outbox_app.exceptions.UndeliverableMessage` (see the module
+        docstring), the message is retried with backoff. A backend may also
+        raise: every message of the batch then has that outcome (an
+        ``OSError``, a refused or reset connection, counts as
+        ``PublisherUnavailable``).
         """
         raise NotImplementedError
+
+    def send(self, messages: Sequence[DeliveryContext]) -> Any:
+        """Put ``messages`` on the wire and return a handle for :meth:`collect`,
+        without waiting for the destination to confirm them.
+
+        The relay sends batch N+1 before it collects batch N, so one batch is
+        on the wire while the previous one's confirms arrive and its rows are
+        marked (a confirm window across batches). The default sends and waits
+        at once (:meth:`send_batch`); a backend with asynchronous confirms
+        overrides both methods. Raises as :meth:`send_batch` does.
+        """
+        return self.send_batch(messages)
+
+    def collect(self, sent: Any) -> list[BaseException | None]:
+        """Wait for the outcomes of what :meth:`send` returned ``sent`` for:
+        one per message, in order, as :meth:`send_batch` reports them."""
+        return sent
+
+    def probe(self) -> None:
+        """Check that the destination is reachable again after an outage (the
+        relay calls it before resuming a paused publisher).
+
+        The default does nothing: the next batch is the probe. Raises any
+        exception when the destination is still down.
+        """
 
     def close(self) -> None:
         """Release connections. The relay calls it on shutdown."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from ..registry import DeliveryContext
+from ..subscribers import DeliveryContext
 
 SPECVERSION = "1.0"
 #: The message content type of a structured-mode CloudEvent in JSON.

@@ -1,14 +1,16 @@
 """Publish events to any broker kombu speaks: RabbitMQ, Redis, in-memory.
 
 On RabbitMQ (kombu's ``pyamqp`` transport) a batch is published with pipelined
-publisher confirms: every message of the batch is written, then the publisher
-waits for the broker's ``basic.ack`` / ``basic.nack`` / ``basic.return`` frames,
-so a batch of 500 costs about one round trip instead of 500: ~12x the throughput
-of waiting for each confirm (bench/bench_publish.py, bench/RESULTS.md). kombu's
-``Producer`` with ``confirm_publish`` waits message by message, so this module
-works on the py-amqp channel underneath kombu. While a batch is written the
-socket is corked (Linux ``TCP_CORK``), so the broker reads full segments rather
-than one packet per message.
+publisher confirms: every message of the batch is written (:meth:`send`), and
+the broker's ``basic.ack`` / ``basic.nack`` / ``basic.return`` frames are read
+afterwards (:meth:`collect`), so a batch of 500 costs about one round trip
+instead of 500: ~12x the throughput of waiting for each confirm
+(bench/bench_publish.py, bench/RESULTS.md). The relay sends the next batch
+before it collects this one's confirms, so the broker always has a batch to
+persist. kombu's ``Producer`` with ``confirm_publish`` waits message by
+message, so this module works on the py-amqp channel underneath kombu. While a
+batch is written the socket is corked (Linux ``TCP_CORK``), so the broker
+reads full segments rather than one packet per message.
 
 Other transports have no confirms: a publish that returns without an error
 counts as delivered.
@@ -32,8 +34,8 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import pyamqp
 
-from ..exceptions import DeliveryError
-from ..registry import DeliveryContext
+from ..exceptions import DeliveryError, PublisherUnavailable, UndeliverableMessage
+from ..subscribers import DeliveryContext
 from .base import COMMON_OPTIONS, Publisher
 from .cloudevents import CONTENT_TYPE, to_cloudevent
 
@@ -69,7 +71,7 @@ class KombuPublisher(Publisher):
         ``topic``, ``direct``, ``fanout`` or ``headers``.
     ``ROUTING_KEY`` (default ``"{aggregate_type}.{event_type}"``)
         :meth:`str.format` template over the
-        :class:`~outbox_app.registry.DeliveryContext` fields (``event_type``,
+        :class:`~outbox_app.subscribers.DeliveryContext` fields (``event_type``,
         ``aggregate_type``, ``aggregate_id``, ``namespace``, ``tenant_id``,
         ``revision``, ...); a ``None`` field formats as ``""``.
     ``CONFIRM_TIMEOUT`` (default ``10``)
@@ -93,13 +95,18 @@ class KombuPublisher(Publisher):
     event id as ``message_id`` and the event type as ``type``. On AMQP it is
     published ``mandatory``: a message no queue is bound for comes back
     (``basic.return``) and fails as unroutable. A message is reported
-    delivered only after the broker's ``basic.ack``; a ``basic.nack``, a
-    return, the confirm timeout or a lost connection fails it with a
-    :class:`~outbox_app.exceptions.DeliveryError` naming the reason. After a
-    connection error or timeout the connection is dropped; the next batch
+    delivered only after the broker's ``basic.ack``. A ``basic.nack`` or a
+    return fails it with a :class:`~outbox_app.exceptions.DeliveryError` (an
+    attempt, retried with backoff); a message that cannot be encoded with
+    :class:`~outbox_app.exceptions.UndeliverableMessage` (it expires at once);
+    a connection that cannot be opened or is lost, or the confirm timeout,
+    with :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay
+    pauses the publisher and counts no attempt). After a connection error or
+    timeout the connection is dropped; the next batch, or :meth:`probe`,
     reconnects.
 
-    One instance is used by one thread at a time (the relay's loop).
+    One instance is used by one thread at a time: ``registry.publishers()``
+    builds one per thread.
 
     Raises:
         ImproperlyConfigured: a missing ``URL`` or a malformed or unknown option.
@@ -170,10 +177,19 @@ class KombuPublisher(Publisher):
     def send_batch(
         self, messages: Sequence[DeliveryContext]
     ) -> list[BaseException | None]:
-        """Publish ``messages``; ``None`` for each one the broker confirmed.
+        """Publish ``messages`` and wait for their confirms; ``None`` for each
+        one the broker confirmed (:meth:`send`, then :meth:`collect`)."""
+        return self.collect(self.send(messages))
 
-        Messages that cannot be encoded (a payload that is not JSON, a routing
-        key over 255 bytes) fail alone; the rest of the batch is published.
+    def send(self, messages: Sequence[DeliveryContext]) -> _InFlight:
+        """Publish ``messages`` without waiting for their confirms.
+
+        Messages that cannot be encoded (a routing key over 255 bytes, a field
+        the template needs is missing) fail alone, with
+        :class:`~outbox_app.exceptions.UndeliverableMessage`; the rest of the
+        batch is published. A connection that cannot be opened or breaks fails
+        the messages with
+        :class:`~outbox_app.exceptions.PublisherUnavailable`.
         """
         outcomes: list[BaseException | None] = [_PENDING] * len(messages)
         ready = []  # (index, body, routing key, message id, event type)
@@ -181,18 +197,45 @@ class KombuPublisher(Publisher):
             try:
                 ready.append((index, *self._encode(context)))
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
-                outcomes[index] = _error(f"cannot encode the message: {exc}", exc)
-        if ready:
+                outcomes[index] = _error(
+                    UndeliverableMessage, f"cannot encode the message: {exc}", exc
+                )
+        flight = _InFlight(outcomes, [r[0] for r in ready])
+        if not ready:
+            return flight
+        try:
+            self._connect()
+        except Exception as exc:
+            self._drop()
+            message = f"cannot connect to {self.where}: {exc}"
+            flight.settle_all(_error(PublisherUnavailable, message, exc))
+            return flight
+        if self.amqp:
+            self._publish_confirmed(ready, flight)
+        else:
+            flight.settle(self._send_plain(ready))
+        return flight
+
+    def collect(self, sent: _InFlight) -> list[BaseException | None]:
+        """Wait (at most ``CONFIRM_TIMEOUT`` from the publish) for the confirms
+        of what :meth:`send` published; one outcome per message, in order."""
+        confirms = sent.confirms
+        if confirms is not None:
             try:
-                self._connect()
-            except Exception as exc:
-                self._drop()
-                error = _error(f"cannot connect to {self.where}: {exc}", exc)
-                return [error if o is _PENDING else o for o in outcomes]
-            send = self._send_confirmed if self.amqp else self._send_plain
-            for (index, *_), outcome in zip(ready, send(ready), strict=True):
-                outcomes[index] = outcome
-        return outcomes
+                self._await(sent)
+            finally:
+                self._forget(confirms)
+            sent.settle(confirms.outcomes)
+        return sent.outcomes
+
+    def probe(self) -> None:
+        """Open the connection and channel (no retries): raises while the
+        broker is unreachable."""
+        try:
+            self._connect(retries=0)
+        except Exception:
+            self._drop()
+            raise
 
     def close(self) -> None:
         """Close the connection (bounded by ``CONFIRM_TIMEOUT``)."""
@@ -226,7 +269,7 @@ class KombuPublisher(Publisher):
 
     # --- connection -----------------------------------------------------------
 
-    def _connect(self) -> None:
+    def _connect(self, retries: int | None = None) -> None:
         """Open the connection and channel unless they are open and alive."""
         if self._connection is not None and self._alive():
             return
@@ -234,7 +277,7 @@ class KombuPublisher(Publisher):
         connection = Connection(self.url, transport_options=self.transport_options)
         self._connection = connection
         connection.ensure_connection(
-            max_retries=self.connect_retries,
+            max_retries=self.connect_retries if retries is None else retries,
             interval_start=0.5,
             interval_step=0.5,
             interval_max=2,
@@ -299,19 +342,24 @@ class KombuPublisher(Publisher):
                 )
             except Exception as exc:
                 self._drop()
-                error = _error(f"publish to {self.where} failed: {exc}", exc)
+                error = _error(
+                    PublisherUnavailable, f"publish to {self.where} failed: {exc}", exc
+                )
                 return outcomes + [error] * (len(ready) - len(outcomes))
             outcomes.append(None)
         return outcomes
 
-    def _send_confirmed(self, ready: list) -> list[BaseException | None]:
-        """Publish the batch on the confirm-mode channel, then collect confirms."""
+    def _publish_confirmed(self, ready: list, flight: _InFlight) -> None:
+        """Write the batch on the confirm-mode channel; its confirms are read
+        by :meth:`_await` (this batch's, or a later one's)."""
         channel = self._channel
         raw = self._raw
         confirms = _Confirms(self._next_tag, [r[3] for r in ready])
         channel.events["basic_ack"].add(confirms.on_ack)
         channel.events["basic_nack"].add(confirms.on_nack)
         channel.events["basic_return"].add(confirms.on_return)
+        flight.confirms, flight.connection = confirms, raw
+        flight.deadline = time.monotonic() + self.confirm_timeout
         try:
             with (
                 raw.transport.having_timeout(self.confirm_timeout),
@@ -333,39 +381,81 @@ class KombuPublisher(Publisher):
                         mandatory=True,
                     )
                     self._next_tag += 1
-            deadline = time.monotonic() + self.confirm_timeout
-            while confirms.waiting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._drop()
-                    confirms.fail_waiting(
-                        DeliveryError(
-                            f"no publisher confirm from {self.where} within "
-                            f"{self.confirm_timeout:g} s (is the broker blocking "
-                            f"publishers on a memory or disk alarm?); the message "
-                            f"may or may not have reached a queue"
-                        )
-                    )
-                    break
-                with contextlib.suppress(TimeoutError):  # loop: check the deadline
-                    raw.drain_events(timeout=remaining)
         except Exception as exc:
             self._drop()
-            confirms.fail_waiting(
-                _error(
-                    f"publishing to {self.where} failed before the broker "
-                    f"confirmed: {exc}",
-                    exc,
-                )
-            )
+            confirms.fail_waiting(self._lost(exc))
         except BaseException:
             self._drop()
             raise
-        finally:
-            channel.events["basic_ack"].discard(confirms.on_ack)
-            channel.events["basic_nack"].discard(confirms.on_nack)
-            channel.events["basic_return"].discard(confirms.on_return)
-        return confirms.outcomes
+
+    def _await(self, flight: _InFlight) -> None:
+        """Read the broker's frames until ``flight``'s confirms are all in, its
+        connection is gone, or its deadline passes."""
+        confirms = flight.confirms
+        while confirms.waiting:
+            if flight.connection is not self._raw:
+                # Dropped after this batch was written (a later batch lost the
+                # connection): its confirms will never come.
+                confirms.fail_waiting(self._lost(None))
+                return
+            remaining = flight.deadline - time.monotonic()
+            if remaining <= 0:
+                self._drop()
+                confirms.fail_waiting(
+                    PublisherUnavailable(
+                        f"no publisher confirm from {self.where} within "
+                        f"{self.confirm_timeout:g} s (is the broker blocking "
+                        "publishers on a memory or disk alarm?); the message may "
+                        "or may not have reached a queue"
+                    )
+                )
+                return
+            try:
+                with contextlib.suppress(TimeoutError):  # loop: check the deadline
+                    self._raw.drain_events(timeout=remaining)
+            except Exception as exc:
+                self._drop()
+                confirms.fail_waiting(self._lost(exc))
+                return
+            except BaseException:
+                self._drop()
+                raise
+
+    def _lost(self, exc: BaseException | None) -> PublisherUnavailable:
+        reason = f": {exc}" if exc is not None else ""
+        message = (
+            f"the connection to {self.where} was lost before the broker "
+            f"confirmed{reason}; the message may or may not have reached a queue"
+        )
+        return _error(PublisherUnavailable, message, exc)
+
+    def _forget(self, confirms: _Confirms) -> None:
+        """Stop crediting frames to ``confirms`` (its batch is settled)."""
+        channel = self._channel
+        if channel is None or not self.amqp:
+            return
+        channel.events["basic_ack"].discard(confirms.on_ack)
+        channel.events["basic_nack"].discard(confirms.on_nack)
+        channel.events["basic_return"].discard(confirms.on_return)
+
+
+class _InFlight:
+    """One batch handed to :meth:`KombuPublisher.send`: its outcomes so far,
+    and for AMQP the confirms still to come."""
+
+    def __init__(self, outcomes: list, indexes: list[int]):
+        self.outcomes = outcomes
+        self.indexes = indexes  # positions of the messages that were published
+        self.confirms: _Confirms | None = None
+        self.connection: Any = None
+        self.deadline = 0.0
+
+    def settle(self, results: list[BaseException | None]) -> None:
+        for index, result in zip(self.indexes, results, strict=True):
+            self.outcomes[index] = result
+
+    def settle_all(self, error: BaseException) -> None:
+        self.settle([error] * len(self.indexes))
 
 
 class _Confirms:
@@ -439,8 +529,10 @@ def _corked(sock):
             sock.setsockopt(socket.IPPROTO_TCP, cork, 0)  # sends the rest now
 
 
-def _error(message: str, cause: BaseException) -> DeliveryError:
-    error = DeliveryError(message)
+def _error(
+    kind: type[DeliveryError], message: str, cause: BaseException | None
+) -> DeliveryError:
+    error = kind(message)
     error.__cause__ = cause
     return error
 

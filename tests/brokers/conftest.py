@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from outbox_app.registry import DeliveryContext
+from outbox_app.subscribers import DeliveryContext
 from tests.conftest import require_service
 
 from .proxy import TcpProxy

@@ -11,7 +11,11 @@ from collections import Counter
 
 import pytest
 
-from outbox_app.exceptions import DeliveryError
+from outbox_app.exceptions import (
+    DeliveryError,
+    PublisherUnavailable,
+    UndeliverableMessage,
+)
 from outbox_app.publishers.kombu import KombuPublisher
 
 from .conftest import across_aggregates, assert_delivered, body, context
@@ -145,6 +149,7 @@ def test_messages_that_cannot_be_encoded_fail_alone(
     outcomes = publisher(publishers, rabbitmq_url, EXCHANGE=unique).send_batch(sent)
 
     assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], UndeliverableMessage)  # expires at once
     assert "cannot encode" in str(outcomes[1])
     assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
         str(sent[0].event_id),
@@ -188,7 +193,7 @@ def test_outage_fails_every_message_with_the_reason_then_recovers(
     sent = across_aggregates(20)
     outcomes = sender.send_batch(sent)
 
-    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
+    assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
     assert all(f"cannot connect to amqp://guest:**@127.0.0.1:{proxy.port}//" in str(o)
                for o in outcomes)  # fmt: skip
     assert "guest:guest" not in str(outcomes[0])  # the password stays out of logs
@@ -232,8 +237,8 @@ def test_a_connection_lost_mid_batch_fails_every_unconfirmed_message(
     sent = across_aggregates(50)
     outcomes = sender.send_batch(sent)
 
-    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
-    assert all("failed before the broker confirmed" in str(o) for o in outcomes)
+    assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
+    assert all("lost before the broker confirmed" in str(o) for o in outcomes)
 
     proxy.restore()
     proxy.thaw()
@@ -256,7 +261,7 @@ def test_a_missing_confirm_times_out_and_fails_the_batch(
     sent = across_aggregates(10)
     outcomes = sender.send_batch(sent)
 
-    assert all(isinstance(o, DeliveryError) for o in outcomes), outcomes
+    assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
     assert all("no publisher confirm" in str(o) and "0.3 s" in str(o) for o in outcomes)
 
     proxy.thaw()

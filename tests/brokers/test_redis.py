@@ -6,7 +6,7 @@ as delivered.
 
 from __future__ import annotations
 
-from outbox_app.exceptions import DeliveryError
+from outbox_app.exceptions import PublisherUnavailable
 from outbox_app.publishers.kombu import KombuPublisher
 
 from .conftest import across_aggregates, assert_delivered, body
@@ -57,6 +57,6 @@ def test_an_unreachable_redis_fails_every_message(publishers):
     )
     publishers.append(sender)
     outcomes = sender.send_batch(across_aggregates(3))
-    assert all(isinstance(o, DeliveryError) for o in outcomes)
+    assert all(isinstance(o, PublisherUnavailable) for o in outcomes)
     assert all("cannot connect to redis://" in str(o) for o in outcomes), outcomes
     assert "Connection refused" in str(outcomes[0])

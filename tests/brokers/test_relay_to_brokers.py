@@ -15,8 +15,9 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
+from outbox_app.delivery import deliver, relay_once
+from outbox_app.models import SubscriberPause
 from outbox_app.registry import close_publishers
-from outbox_app.relay import deliver, relay_once
 from outbox_app.states import State
 from tests.brokers.conftest import RABBITMQ_URL, body
 from tests.processes import Watched, spawn, wait_for
@@ -47,7 +48,7 @@ def publish_across_aggregates(count: int) -> list[OutboxEvent]:
     return rows
 
 
-def publisher_relay(publishers: dict, batch_size: int) -> Watched:
+def publisher_relay(publishers: dict, batch_size: int, **env: str) -> Watched:
     """``manage.py relay --only publishers`` in its own process."""
     return Watched(
         spawn(
@@ -59,6 +60,7 @@ def publisher_relay(publishers: dict, batch_size: int) -> Watched:
             "--batch-size",
             str(batch_size),
             OUTBOX_TEST_PUBLISHERS=json.dumps(publishers),
+            **env,
         )
     )
 
@@ -67,6 +69,12 @@ def configure(settings, url: str, exchange: str, **options) -> None:
     settings.OUTBOX_PUBLISHERS = {
         "bus": {"URL": url, "EXCHANGE": exchange, "CONFIRM_TIMEOUT": 10, **options}
     }
+
+
+def configure_proxied(settings, proxy, exchange: str) -> None:
+    """The publisher "bus" to RabbitMQ through ``proxy``, which a test cuts."""
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    configure(settings, url, exchange, CONNECT_RETRIES=0)
 
 
 @pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
@@ -111,35 +119,67 @@ def test_committed_events_reach_the_broker_in_aggregate_order(
     }
 
 
-def test_broker_outage__failed_with_reason_then_delivered(
-    rabbitmq, proxy, settings, unique
+def test_broker_outage__paused_no_attempt_spent_then_delivered(
+    rabbitmq, proxy, settings, unique, caplog
 ):
     queue = rabbitmq.bind(f"{unique}-q", unique)
-    configure(
-        settings,
-        f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
-        unique,
-        CONNECT_RETRIES=0,
-    )
+    configure_proxied(settings, proxy, unique)
     proxy.cut()
     with transaction.atomic():
         rows = publish(
             *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(5)]
         )
     report = relay_once(kind="publisher")
-    assert (report.succeeded, report.failed) == (0, 5)
-    failed = Notification.objects.all()
-    assert {n.state for n in failed} == {State.FAILED}
-    assert all("cannot connect" in n.last_error for n in failed)
-    assert {n.last_error_type for n in failed} == {
-        "outbox_app.exceptions.DeliveryError"
+    assert (report.succeeded, report.failed, report.released) == (0, 0, 5)
+    # Handed back: due, no attempt counted.
+    assert set(Notification.objects.values_list("state", "attempts")) == {
+        (State.PENDING, 0)
     }
-    assert rabbitmq.drain(queue) == []  # nothing marked delivered, nothing sent
+    pause = SubscriberPause.objects.paused().get()
+    assert pause.subscriber == "bus" and "cannot connect" in pause.reason
+    assert "guest:guest" not in pause.reason  # the password stays out of it
+    paused = [r for r in caplog.records if "publisher paused" in r.getMessage()]
+    assert len(paused) == 1
+    # Paused: no claims (the rows stay PENDING, untouched) until a probe runs.
+    assert deliver(kind="publisher").claimed == 0
+    assert rabbitmq.drain(queue) == []
     proxy.restore()
-    later = timezone.now() + datetime.timedelta(hours=1)
+    later = timezone.now() + datetime.timedelta(seconds=60)
     assert deliver(kind="publisher", now=later).succeeded == 5
+    assert not SubscriberPause.objects.paused().exists()
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert sorted(ids) == sorted(str(r.id) for r in rows)
+    assert set(Notification.objects.values_list("state", "attempts")) == {
+        (State.SUCCEEDED, 1)
+    }
+    assert any("publisher resumed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_ten_minute_outage_expires_nothing(rabbitmq, proxy, settings, unique):
+    """RabbitMQ unreachable for 10 minutes of a test clock, events published
+    all along, the defaults' 10 attempts: none EXPIRED, none attempted, every
+    event delivered once after."""
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    configure_proxied(settings, proxy, unique)
+    start = timezone.now()
+    published = []
+    proxy.cut()
+    for step in range(0, 600, 5):
+        with transaction.atomic():
+            published += publish(OrderPlaced(order_id=step, total=decimal.Decimal(1)))
+        now = start + datetime.timedelta(seconds=step)
+        report = relay_once(kind="publisher", now=now)
+        assert report.succeeded == report.failed == report.expired == 0
+    rows = Notification.objects.all()
+    assert rows.count() == len(published) == 120
+    assert not rows.filter(state=State.EXPIRED).exists()
+    assert set(rows.values_list("attempts", flat=True)) == {0}
+    proxy.restore()
+    end = start + datetime.timedelta(seconds=600 + 60)
+    assert deliver(kind="publisher", now=end).succeeded == 120
+    ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    assert sorted(ids) == sorted(str(r.id) for r in published)
+    assert set(rows.values_list("state", "attempts")) == {(State.SUCCEEDED, 1)}
 
 
 def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
@@ -183,6 +223,52 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert set(ids) == {str(r.id) for r in rows}  # nothing lost
     assert len(ids) - 20 <= 8  # duplicates: at most the unconfirmed batch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point",
+    [
+        "send:1:after",  # batch 1 on the wire, nothing confirmed
+        "send:2:after",  # batch 2 on the wire, batch 1 not collected
+        "collect:1:after",  # batch 1 confirmed, not marked yet
+        "send:3:before",  # batch 1 marked, batch 2 still in flight
+    ],
+)
+def test_sigkill_at_every_point_of_the_confirm_window(
+    rabbitmq, settings, unique, point
+):
+    """Whenever the relay dies, every SUCCEEDED row's message is in the queue
+    (marked only after its confirm), and after the lease another relay sends
+    the rest: nothing lost, duplicates only from the unmarked batches."""
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    with transaction.atomic():
+        rows = publish(
+            *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(40)]
+        )
+    options = {
+        "bus": {
+            "BACKEND": "tests.testapp.publishers.KillingPublisher",
+            "URL": RABBITMQ_URL,
+            "EXCHANGE": unique,
+        }
+    }
+    relay = publisher_relay(options, batch_size=8, OUTBOX_TEST_KILL_AT=point)
+    try:
+        relay.process.wait(60)
+    finally:
+        code = relay.stop()
+    assert code == -signal.SIGKILL, relay.text()[-3000:]
+    first = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    done = Notification.objects.filter(state=State.SUCCEEDED)
+    assert {str(e) for e in done.values_list("event_id", flat=True)} <= set(first)
+    unmarked = Notification.objects.exclude(state=State.SUCCEEDED).count()
+    configure(settings, RABBITMQ_URL, unique)
+    later = timezone.now() + datetime.timedelta(minutes=5)
+    assert deliver(kind="publisher", now=later).succeeded == unmarked
+    ids = first + [m.properties["message_id"] for m in rabbitmq.drain(queue)]
+    assert set(ids) == {str(r.id) for r in rows}  # nothing lost
+    assert len(ids) - 40 <= unmarked  # duplicates: only rows never marked
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")

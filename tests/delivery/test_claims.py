@@ -7,10 +7,12 @@ import threading
 import pytest
 from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
+from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.fanout import fan_out
-from outbox_app.registry import Subscriber
+from outbox_app.delivery import fan_out
+from outbox_app.delivery.gateway import Gateway
+from outbox_app.subscribers import Subscriber
 from tests.testapp.events import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,19 +49,28 @@ def test_a_locked_head_is_skipped_and_does_not_promote_the_next_row():
     rows = Notification.objects.for_subscribers(["ord"]).order_by("event_id")
     head = rows.first()
     unordered_head = Notification.objects.filter(subscriber="any").order_by("id")[0]
+
+    def claim(subscriber):
+        _, contexts = Gateway().claim(
+            subscriber.stored_names,
+            limit=10,
+            lease_seconds=60,
+            worker="b",
+            now=timezone.now(),
+            ordered=subscriber.ordered,
+            event_types=subscriber.event_types,
+        )
+        return [c.notification_id for c in contexts]
+
     release, thread = held(head.id)
     release_other, other = held(unordered_head.id)
     try:
-        _, ids = rows.claim(limit=10, lease_seconds=60, worker="b", ordered=True)
-        assert ids == []  # not the locked head, and not its successor either
-        _, ids = Notification.objects.filter(subscriber="any").claim(
-            limit=10, lease_seconds=60, worker="b"
-        )
+        assert claim(ORDERED) == []  # not the locked head, nor its successor
+        ids = claim(UNORDERED)
         assert len(ids) == 2 and unordered_head.id not in ids  # skipped, not waited
     finally:
         release.set()
         release_other.set()
         thread.join()
         other.join()
-    _, ids = rows.claim(limit=10, lease_seconds=60, worker="b", ordered=True)
-    assert ids == [head.id]
+    assert claim(ORDERED) == [head.id]

@@ -15,11 +15,13 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, handler, publish
+from outbox_app import Notification, OutboxEvent, publish
 from outbox_app.conf import outbox_settings
-from outbox_app.fanout import fan_out
+from outbox_app.delivery import RelayReport, deliver, fan_out, relay_once
+from outbox_app.delivery.batch import Batch
+from outbox_app.delivery.handlers import run_handlers
+from outbox_app.delivery.outcomes import Outcomes
 from outbox_app.registry import get, unregister
-from outbox_app.relay import deliver, relay_once
 from outbox_app.states import State
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
@@ -33,23 +35,6 @@ def place(n: int, **kwargs) -> list[OutboxEvent]:
             *[OrderPlaced(order_id=i, total=decimal.Decimal(i)) for i in range(n)],
             **kwargs,
         )
-
-
-@pytest.fixture
-def registered():
-    names = []
-
-    def add(*types, name, **options):
-        def register(fn):
-            handler(*types, name=name, **options)(fn)
-            names.append(name)
-            return fn
-
-        return register
-
-    yield add
-    for name in names:
-        unregister(name)
 
 
 def later(seconds: float) -> datetime.datetime:
@@ -329,24 +314,20 @@ def test_a_handler_that_swallows_a_database_error_fails(registered):
 
 
 def test_lost_lease_discards_outcome_and_rolls_back_writes(registered):
-    from outbox_app.relay import _Outcome
-
     @registered(OrderPlaced, name="slowpoke")
     def slowpoke(event, context):
         SideEffect.objects.create(handler="slowpoke", event_id=context.event_id)
 
     place(1)
     fan_out()
-    token, _ = Notification.objects.claim(limit=10, lease_seconds=60, worker="me")
+    mine = Batch.claim(get("slowpoke"), "default", 10, timezone.now(), "me")
     # The lease runs out and another worker claims the row before "me" finishes.
-    Notification.objects.claim(
-        limit=10, lease_seconds=60, worker="other", now=later(61)
-    )
-    row = Notification.objects.select_related("event").get()
-    outcome = _Outcome(get("slowpoke"), token, "default", timezone.now(), None)
-    outcome.run_handlers(get("slowpoke"), [row], threading.Event())
-    assert (outcome.report.succeeded, outcome.report.lost) == (0, 1)
-    row.refresh_from_db()
+    Batch.claim(get("slowpoke"), "default", 10, later(61), "other")
+    report = RelayReport()
+    outcomes = Outcomes(mine.gateway, get("slowpoke"), mine.token, report)
+    run_handlers(mine, get("slowpoke"), outcomes, threading.Event())
+    assert (report.succeeded, report.lost) == (0, 1)
+    row = Notification.objects.get()
     assert (row.state, row.locked_by, row.attempts) == (State.RUNNING, "other", 2)
     assert not SideEffect.objects.exists()  # the handler's write was rolled back
 
@@ -551,10 +532,10 @@ def test_release_hands_back_unattempted_rows(handlers):
     handlers("record")
     place(2)
     fan_out()
+    batch = Batch.claim(get("record_a"), "default", 10, timezone.now(), "me")
+    assert len(batch) == 2
+    assert batch.release().released == 2
     rows = Notification.objects.all()
-    token, ids = rows.claim(limit=10, lease_seconds=60, worker="me")
-    assert len(ids) == 4
-    assert Notification.objects.release(token) == 4
     assert set(rows.values_list("state", "attempts")) == {(State.PENDING, 0)}
 
 

@@ -14,7 +14,7 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.relay import deliver
+from outbox_app.delivery import deliver
 from outbox_app.states import State
 from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step

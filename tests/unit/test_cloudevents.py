@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from outbox_app.publishers.cloudevents import CONTENT_TYPE, rfc3339, to_cloudevent
-from outbox_app.registry import DeliveryContext
+from outbox_app.subscribers import DeliveryContext
 
 EVENT_ID = uuid.UUID("0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10")
 ACTION_ID = uuid.UUID("0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01")

@@ -10,9 +10,9 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from outbox_app.delivery import RelayReport
 from outbox_app.exceptions import OutboxError
 from outbox_app.models import Notification, OutboxEvent
-from outbox_app.relay import RelayReport
 from outbox_app.worker import RelayWorker
 
 KINDS = {"publishers": "publisher", "handlers": "handler"}

@@ -20,8 +20,8 @@ from django.db.models import Count
 from django.test import Client
 
 from outbox_app import Notification, OutboxEvent
+from outbox_app.delivery import relay_once
 from outbox_app.registry import subscribers
-from outbox_app.relay import relay_once
 from outbox_app.states import State
 from sample_project.shop.consumer import EventConsumer
 from sample_project.shop.handlers import REVIEW_THRESHOLD, PaymentFlagged

@@ -1,0 +1,182 @@
+"""A claimed batch: its lease, kept and renewed, and claiming the next batch
+ahead while this one is delivered.
+
+The lease rules live here, once. A batch's rows are leased for
+``OUTBOX_LEASE_SECONDS`` from their claim. Before the relay acts on rows
+(runs a group of handlers, sends a publisher batch) it calls
+:meth:`Batch.keep`: once a tenth of the lease has passed since the rows were
+last leased, they are re-leased, and the rows another relay took over
+meanwhile (their lease ran out during a stall) are dropped from the batch and
+never run by this relay. A relay that knows its lease may have run out (more
+than a lease since the last renewal) does not start another handler before it
+has renewed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from django.db import connections
+from django.utils import timezone
+
+from ..conf import outbox_settings
+from ..db import is_single_writer
+from ..subscribers import DeliveryContext, Subscriber
+from .gateway import Gateway
+from .outcomes import RelayReport
+
+
+@dataclass
+class Batch:
+    """Rows claimed for one subscriber under one lease token.
+
+    Attributes:
+        contexts: the claimed deliveries still held, in notification id order.
+        now: the claim's clock; :meth:`clock` moves it on with the time spent.
+        started: ``time.monotonic()`` at the claim.
+        renewed: ``time.monotonic()`` when the rows were last leased.
+    """
+
+    subscriber: Subscriber
+    gateway: Gateway
+    token: uuid.UUID
+    contexts: list[DeliveryContext]
+    now: datetime.datetime
+    started: float
+    renewed: float = field(default=0.0)
+
+    @classmethod
+    def claim(
+        cls,
+        subscriber: Subscriber,
+        using: str,
+        batch_size: int,
+        now: datetime.datetime | None,
+        worker: str,
+    ) -> Batch:
+        """Lease up to ``batch_size`` due rows of ``subscriber`` and read what
+        delivering them needs (one round trip where the database allows)."""
+        started = time.monotonic()
+        now = now or timezone.now()
+        gateway = Gateway(using)
+        token, contexts = gateway.claim(
+            subscriber.stored_names,
+            limit=batch_size,
+            lease_seconds=outbox_settings.LEASE_SECONDS,
+            worker=worker,
+            now=now,
+            ordered=subscriber.ordered,
+            event_types=subscriber.event_types,
+        )
+        return cls(subscriber, gateway, token, contexts, now, started, started)
+
+    def __len__(self) -> int:
+        return len(self.contexts)
+
+    def clock(self) -> datetime.datetime:
+        """The batch's clock now: its claim time plus the time spent since (so a
+        test's fixed clock moves on as the batch runs)."""
+        return self.now + datetime.timedelta(seconds=time.monotonic() - self.started)
+
+    def lease_may_have_run_out(self) -> bool:
+        """More than a lease has passed since the rows were last leased."""
+        return time.monotonic() - self.renewed >= outbox_settings.LEASE_SECONDS
+
+    def keep(self, contexts: Sequence[DeliveryContext]) -> list[DeliveryContext]:
+        """The ``contexts`` this batch still holds, re-leased for a whole lease
+        if a tenth of it has passed since they were last leased.
+
+        Rows another relay holds now are dropped from the batch (the caller
+        counts them as lost); they are never run by this relay.
+        """
+        lease = outbox_settings.LEASE_SECONDS
+        if time.monotonic() - self.renewed <= lease / 10 or not contexts:
+            return list(contexts)
+        renewed = time.monotonic()
+        clock = self.clock()
+        held = self.gateway.renew(
+            self.token,
+            [c.notification_id for c in contexts],
+            clock + datetime.timedelta(seconds=lease),
+            clock,
+        )
+        self.renewed = renewed
+        kept = [c for c in contexts if c.notification_id in held]
+        if len(kept) < len(contexts):
+            self.contexts = [c for c in self.contexts if c.notification_id in held]
+        return kept
+
+    def release(self) -> RelayReport:
+        """Hand every row back unattempted (a batch claimed ahead that is not
+        needed: shutting down, time is up)."""
+        if not self.contexts:
+            return RelayReport()
+        released = self.gateway.release(
+            self.token, [c.notification_id for c in self.contexts], timezone.now()
+        )
+        return RelayReport(claimed=len(self.contexts), released=released)
+
+
+class ClaimAhead:
+    """Claims a subscriber's next batch on a second connection, in a thread,
+    while the current batch is delivered: the database work of a claim overlaps
+    the handlers' or the broker's (bench/RESULTS.md, benchmarks 2 and 3).
+
+    Not for ordered subscribers (see ``submit``), and only where a second
+    connection helps and sees the same data: not on SQLite (one writer at a
+    time) and not inside an outer transaction (a caller's ``atomic()``, a test
+    case), where claims stay on the caller's connection. The thread and its
+    connection live for one :func:`~outbox_app.delivery.deliver` call and start
+    only once a full batch shows a backlog. A batch claimed ahead is renewed
+    before it is delivered if it waited long (:meth:`Batch.keep`).
+    """
+
+    def __init__(self, using: str):
+        self.using = using
+        self.enabled = not (
+            is_single_writer(using) or connections[using].in_atomic_block
+        )
+        self.executor: ThreadPoolExecutor | None = None
+        self.pending: tuple[Subscriber, Future[Batch]] | None = None
+
+    def submit(self, subscriber: Subscriber, claim: Callable[[Subscriber], Batch]):
+        if not self.enabled or self.pending is not None or subscriber.ordered:
+            # An ordered subscriber's next heads appear only once this batch
+            # is finished: claimed ahead, they would come back short or empty.
+            return
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
+        self.pending = (subscriber, self.executor.submit(claim, subscriber))
+
+    def take(self, subscriber: Subscriber) -> Batch | None:
+        """The batch claimed ahead for ``subscriber``, if that is what was
+        claimed.
+
+        Raises:
+            django.db.DatabaseError: the claim failed.
+        """
+        if self.pending is None or self.pending[0] is not subscriber:
+            return None
+        future = self.pending[1]
+        self.pending = None
+        return future.result()
+
+    def close(self) -> RelayReport:
+        """Release a batch claimed ahead and not delivered; close the thread's
+        connection."""
+        report = RelayReport()
+        if self.pending is not None:
+            future = self.pending[1]
+            self.pending = None
+            if future.exception() is None:
+                report = future.result().release()
+        if self.executor is not None:
+            # Looked up in the thread: its own connection, not this one's.
+            self.executor.submit(lambda: connections[self.using].close()).result()
+            self.executor.shutdown()
+        return report

@@ -1,0 +1,581 @@
+"""The relay's SQL: every statement of the delivery hot path, in one place.
+
+Fan-out, claim, renew, succeed, fail and release are named statements, built
+once per process and database (their text depends only on the dialect and on
+how many values a list holds) and sent through the DB-API cursor with
+parameters; rows come back as tuples and become
+:class:`~outbox_app.subscribers.DeliveryContext` values, never model
+instances. This module is the only place the relay's SQL is sent from
+(procrastinate's ``manager.py`` and ``sql/queries.sql`` are the model); the
+ORM keeps the cold paths (admin, operations, status, purge).
+
+Where the database allows it a step is one round trip:
+
+==========  ================================  ================================
+statement   PostgreSQL                        MySQL/MariaDB; SQLite
+==========  ================================  ================================
+fan-out     one ``WITH``: lock a batch of     the same three statements in one
+            undelivered events (``SKIP        transaction (SQLite: no locks;
+            LOCKED``), insert their           one writer at a time)
+            notifications, flip the flag
+claim       one ``WITH``: ``UPDATE ...        MariaDB: lock, update, read in
+            RETURNING`` joined to the         one transaction; SQLite: one
+            events, payload included          ``UPDATE ... RETURNING`` with the
+                                              event's columns as subqueries
+outcomes    one ``UPDATE`` each, compare-and-set on the batch's lease token
+==========  ================================  ================================
+
+Dialect differences come from :class:`outbox_app.db.Dialect`; the state
+names from :mod:`outbox_app.states`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+
+from ..db import Dialect, dialect
+from ..models import Notification, OutboxEvent
+from ..states import CLAIMABLE, UNFINISHED, State
+from ..subscribers import DeliveryContext
+
+N = Notification._meta.db_table
+E = OutboxEvent._meta.db_table
+
+#: The event columns a delivery reads (DeliveryContext), in its order.
+EVENT_COLUMNS = (
+    "id",
+    "namespace",
+    "event_type",
+    "revision",
+    "payload",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "headers",
+    "tenant_id",
+    "action_id",
+    "occurred_at",
+)
+#: The notification columns a delivery reads, before the event's.
+NOTIFICATION_COLUMNS = ("id", "attempts", "subscriber")
+
+
+def _states(states: Sequence[str]) -> str:
+    """An SQL list of state names, in the order the partial indexes spell them
+    (SQLite uses a partial index only for a condition written the same way)."""
+    return ", ".join(f"'{state}'" for state in states)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """One subscriber as fan-out sees it: its name and the event types it
+    receives (``None``: every type)."""
+
+    name: str
+    event_types: frozenset[str] | None
+
+
+class Gateway:
+    """The statements of the relay on database ``using``.
+
+    Each method is one step of delivery and says what it sends. Methods that
+    change several rows run in one short transaction (``atomic``), so no lock
+    outlives them; none keeps a transaction open for the caller.
+    """
+
+    def __init__(self, using: str = "default"):
+        self.using = using
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.using)
+
+    def _cursor(self):
+        return connections[self.using].cursor()
+
+    # --- fan-out ------------------------------------------------------------------
+
+    def fan_out(
+        self,
+        subscriptions: Sequence[Subscription],
+        limit: int,
+        after: uuid.UUID | None,
+        now: datetime.datetime,
+    ) -> list[uuid.UUID]:
+        """Turn up to ``limit`` undelivered events (ids after ``after``, oldest
+        first) into one PENDING notification per subscription of their type,
+        due at ``now``, and flip their ``delivered`` flag.
+
+        Events another relay is fanning out right now are skipped, never
+        waited for (``SKIP LOCKED``): a relay frozen inside fan-out holds its
+        own batch and nothing else. Ordered delivery does not depend on the
+        order notifications appear in (the claim waits for an aggregate's
+        earlier events that are not fanned out yet), so skipping is safe.
+        An existing ``(event, subscriber)`` pair is left alone.
+
+        Returns:
+            The ids fanned out, in id order (empty: nothing left after
+            ``after``).
+        """
+        d = self.dialect
+        types = _union_types(subscriptions)
+        select: list = [] if types is None else sorted(types)
+        if after is not None:
+            select.append(d.uuid_param(after))
+        select.append(limit)
+        pairs = [v for s in subscriptions for t in _types(s) for v in (s.name, t)]
+        stamps = [d.datetime_param(now)] * 3
+        text = _statements(self.using, d.vendor).fan_out(
+            None if types is None else len(types), after is not None, len(pairs) // 2
+        )
+        if d.writable_cte:
+            with self._cursor() as cursor:
+                cursor.execute(text, [*select, *pairs, *stamps])
+                return [d.uuid_value(row[0]) for row in cursor.fetchall()]
+        find, insert, flip = text
+        with transaction.atomic(using=self.using), self._cursor() as cursor:
+            cursor.execute(find, select)
+            ids = [row[0] for row in cursor.fetchall()]
+            if ids:
+                cursor.execute(insert(len(ids)), [*stamps, *pairs, *ids])
+                cursor.execute(flip(len(ids)), ids)
+        return [d.uuid_value(i) for i in ids]
+
+    # --- claims -----------------------------------------------------------------
+
+    def claim(
+        self,
+        names: Sequence[str],
+        *,
+        limit: int,
+        lease_seconds: float,
+        worker: str,
+        now: datetime.datetime,
+        ordered: bool = False,
+        event_types: frozenset[str] | None = None,
+    ) -> tuple[uuid.UUID, list[DeliveryContext]]:
+        """Lease up to ``limit`` due notifications stored under ``names`` and
+        read what delivering them needs, event payload included.
+
+        The rows become RUNNING with ``attempts + 1``, a fresh lease token and
+        ``locked_until = next_retry_at = now + lease_seconds``; rows another
+        relay holds are skipped (``FOR UPDATE SKIP LOCKED``). Due means PENDING,
+        or FAILED whose retry time has come, or RUNNING whose lease ran out.
+        ``ordered`` claims each aggregate's head only: a row with no earlier
+        unfinished notification of its (subscriber, aggregate), and no earlier
+        event of its aggregate and of ``event_types`` still waiting for
+        fan-out; earlier means a lower ``aggregate_version`` when both have
+        one, else a lower event id.
+
+        Returns:
+            ``(lease token, contexts in notification id order)``.
+        """
+        d = self.dialect
+        token = uuid.uuid4()
+        expiry = now + datetime.timedelta(seconds=lease_seconds)
+        stamp, until = d.datetime_param(now), d.datetime_param(expiry)
+        update = [d.uuid_param(token), worker[:255], until, until, stamp]
+        select = [*names, stamp]
+        if ordered and event_types is not None:
+            select += sorted(event_types)
+        select.append(limit)
+        sql = _statements(self.using, d.vendor)
+        key = (len(names), ordered, None if event_types is None else len(event_types))
+        if d.writable_cte or d.update_returning:
+            with self._cursor() as cursor:
+                cursor.execute(sql.claim(*key), [*update, *select])
+                rows = cursor.fetchall()
+            if not d.writable_cte:
+                rows.sort(key=lambda row: row[0])
+        else:
+            lock, mark, read = sql.claim(*key)
+            with transaction.atomic(using=self.using), self._cursor() as cursor:
+                cursor.execute(lock, select)
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    return token, []
+                cursor.execute(mark(len(ids)), [*update, *ids])
+                cursor.execute(read(len(ids)), ids)
+                rows = cursor.fetchall()
+        return token, [_context(d, row) for row in rows]
+
+    # --- outcomes (compare-and-set on the lease token) -------------------------------
+
+    def renew(
+        self, token: uuid.UUID, ids: Sequence[int], expiry: datetime.datetime, now
+    ) -> set[int]:
+        """Extend the lease of the rows of ``ids`` still held under ``token`` to
+        ``expiry``. Returns the ids still held (the others were taken over by
+        another relay after their lease ran out, or finished)."""
+        if not ids:
+            return set()
+        d = self.dialect
+        until = d.datetime_param(expiry)
+        params = [until, until, d.datetime_param(now)]
+        params += [*d.list_params(ids), d.uuid_param(token)]
+        sql = _statements(self.using, d.vendor)
+        with self._cursor() as cursor:
+            if d.update_returning:
+                cursor.execute(sql.renew(len(ids), True), params)
+                return {row[0] for row in cursor.fetchall()}
+            cursor.execute(sql.renew(len(ids), False), params)
+            if cursor.rowcount == len(ids):
+                return set(ids)
+            cursor.execute(sql.held(len(ids)), params[3:])
+            return {row[0] for row in cursor.fetchall()}
+
+    def succeed(
+        self, token: uuid.UUID, ids: Sequence[int], now: datetime.datetime
+    ) -> int:
+        """Mark the rows of ``ids`` held under ``token`` SUCCEEDED. Returns rows
+        written; fewer than ``ids`` means leases were lost."""
+        if not ids:
+            return 0
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        params = [stamp, stamp, *d.list_params(ids), d.uuid_param(token)]
+        with self._cursor() as cursor:
+            cursor.execute(_statements(self.using, d.vendor).succeed(len(ids)), params)
+            return cursor.rowcount
+
+    def fail(
+        self,
+        token: uuid.UUID,
+        notification_id: int,
+        *,
+        error: str,
+        error_type: str,
+        traceback: str,
+        retry_at: datetime.datetime | None,
+        now: datetime.datetime,
+    ) -> bool:
+        """Record a failed attempt on one row held under ``token``:
+        ``retry_at=None`` expires it (the dead letter), otherwise it becomes
+        FAILED, due at ``retry_at``. The error is kept either way. Returns
+        False when the lease was lost (nothing written)."""
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        expire = retry_at is None
+        params = [
+            State.EXPIRED if expire else State.FAILED,
+            error,
+            error_type[:255],
+            traceback,
+            stamp,
+            None if expire else d.datetime_param(retry_at),
+            stamp if expire else None,
+            stamp,
+            notification_id,
+            d.uuid_param(token),
+        ]
+        with self._cursor() as cursor:
+            cursor.execute(_statements(self.using, d.vendor).fail, params)
+            return cursor.rowcount == 1
+
+    def release(
+        self,
+        token: uuid.UUID,
+        ids: Sequence[int],
+        now: datetime.datetime,
+        due: datetime.datetime | None = None,
+    ) -> int:
+        """Hand back rows of ``ids`` claimed under ``token`` and never attempted
+        (a relay stopping, a batch claimed ahead and not needed, a publisher
+        paused by an outage): the claim's attempt taken back, due at ``due``
+        (default ``now``). Returns rows released."""
+        if not ids:
+            return 0
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        params = [d.datetime_param(due or now), stamp]
+        params += [*d.list_params(ids), d.uuid_param(token)]
+        with self._cursor() as cursor:
+            cursor.execute(_statements(self.using, d.vendor).release(len(ids)), params)
+            return cursor.rowcount
+
+
+def _types(subscription: Subscription) -> list[str | None]:
+    if subscription.event_types is None:
+        return [None]
+    return sorted(subscription.event_types)
+
+
+def _union_types(subscriptions: Sequence[Subscription]) -> frozenset[str] | None:
+    """Every type some subscription receives; ``None`` if one receives all."""
+    if any(s.event_types is None for s in subscriptions):
+        return None
+    return frozenset().union(*(s.event_types for s in subscriptions))
+
+
+def _context(d: Dialect, row: tuple) -> DeliveryContext:
+    (
+        notification_id,
+        attempts,
+        subscriber,
+        event_id,
+        namespace,
+        event_type,
+        revision,
+        payload,
+        aggregate_type,
+        aggregate_id,
+        aggregate_version,
+        headers,
+        tenant_id,
+        action_id,
+        occurred_at,
+    ) = row
+    return DeliveryContext(
+        event_id=d.uuid_value(event_id),
+        namespace=namespace,
+        event_type=event_type,
+        revision=revision,
+        payload=d.json_value(payload),
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        aggregate_version=aggregate_version,
+        headers=d.json_value(headers),
+        tenant_id=tenant_id,
+        action_id=d.uuid_value(action_id),
+        occurred_at=d.datetime_value(occurred_at),
+        attempt=attempts,
+        subscriber=subscriber,
+        notification_id=notification_id,
+    )
+
+
+# --- the statements -----------------------------------------------------------
+
+
+@functools.cache
+def _statements(using: str, vendor: str) -> _Statements:
+    return _Statements(dialect(using))
+
+
+class _Statements:
+    """The SQL text of every statement, per dialect; variants by list length
+    are built on first use and kept (``functools.cache`` per instance)."""
+
+    def __init__(self, d: Dialect):
+        self.d = d
+        q = d.quote
+        self.n, self.e = q(N), q(E)
+        self.claimable = _states(CLAIMABLE)
+        self.unfinished = _states(UNFINISHED)
+        # The partial index spells it NOT "delivered" (SQLite matches the text).
+        self.undelivered = "NOT e.delivered"
+        self.fail = (
+            f"UPDATE {self.n} SET state = %s, last_error = %s, last_error_type = %s, "
+            "last_traceback = %s, first_failed_at = COALESCE(first_failed_at, %s), "
+            "next_retry_at = COALESCE(%s, next_retry_at), completed_at = %s, "
+            "locked_until = NULL, lease_token = NULL, updated_at = %s "
+            f"WHERE id = %s AND lease_token = %s AND state = '{State.RUNNING}'"
+        )
+
+    def _held(self, count: int) -> str:
+        """Rows of an id list still held under a lease token (the fence every
+        outcome passes)."""
+        return (
+            f"{self.d.in_list('id', count)} AND lease_token = %s "
+            f"AND state = '{State.RUNNING}'"
+        )
+
+    # -- fan-out
+
+    @functools.cache  # noqa: B019 (one instance per database, kept for the process)
+    def fan_out(self, type_count: int | None, paged: bool, subscriptions: int):
+        """PostgreSQL: one statement returning the batch's ids. Elsewhere:
+        ``(select, insert(count), flip(count))``."""
+        d, n, e = self.d, self.n, self.e
+        where = [self.undelivered, "e.event_type IS NOT NULL"]
+        if type_count is not None:
+            where.append(f"e.event_type IN ({', '.join(['%s'] * type_count)})")
+        if paged:
+            where.append("e.id > %s")
+        lock = " FOR UPDATE SKIP LOCKED" if d.skip_locked else ""
+        select = (
+            "SELECT e.id, e.event_type, e.aggregate_type, e.aggregate_id, "
+            f"e.aggregate_version, e.tenant_id FROM {e} e "
+            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
+        )
+        # (name, event type or NULL for every type) per subscription; plain
+        # parameters, no CAST: MySQL would compare a CAST's collation with
+        # the column's and refuse the mix.
+        pairs = " UNION ALL ".join(
+            ["SELECT %s AS name, %s AS event_type"]
+            + ["SELECT %s, %s"] * (subscriptions - 1)
+        )
+        columns = (
+            "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
+            "aggregate_version, tenant_id, state, attempts, next_retry_at, "
+            "locked_by, last_error, last_error_type, last_traceback, created_at, "
+            "updated_at"
+        )
+        values = (
+            "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
+            f"b.aggregate_version, b.tenant_id, '{State.PENDING}', 0, %s, '', '', "
+            "'', '', %s, %s"
+        )
+        join = "s.event_type IS NULL OR s.event_type = b.event_type"
+        if d.writable_cte:
+            return (
+                f"WITH b AS ({select}), "
+                f"flipped AS (UPDATE {e} SET delivered = TRUE "
+                f"WHERE id IN (SELECT id FROM b)), "
+                f"s AS ({pairs}), "
+                f"created AS (INSERT INTO {n} ({columns}) SELECT {values} "
+                f"FROM b JOIN s ON {join} ORDER BY b.id ON CONFLICT DO NOTHING) "
+                "SELECT id FROM b ORDER BY id"
+            )
+        ignore_prefix, ignore_suffix = (
+            ("INSERT IGNORE INTO", "")
+            if d.vendor == "mysql"
+            else ("INSERT INTO", " ON CONFLICT DO NOTHING")
+        )
+
+        def insert(count: int) -> str:
+            return (
+                f"{ignore_prefix} {n} ({columns}) SELECT {values} FROM {e} b "
+                f"JOIN ({pairs}) s ON {join} WHERE {d.in_list('b.id', count)} "
+                f"ORDER BY b.id{ignore_suffix}"
+            )
+
+        def flip(count: int) -> str:
+            return f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)}"
+
+        # Parameters: the find's; the insert's stamps, subscription pairs, ids;
+        # the flip's ids (see Gateway.fan_out).
+        return select, _cached(insert), _cached(flip)
+
+    # -- claims
+
+    def _candidates(self, names: int, ordered: bool, types: int | None) -> str:
+        """Due rows of a subscriber's names, in claim order, locked skipping the
+        rows another relay holds."""
+        d, n, e = self.d, self.n, self.e
+        where = [
+            f"c.subscriber IN ({', '.join(['%s'] * names)})",
+            f"c.state IN ({self.claimable})",
+            "c.next_retry_at <= %s",
+        ]
+        if ordered:
+            earlier = (
+                "({x}.{id} < c.event_id AND (c.aggregate_version IS NULL "
+                "OR {x}.aggregate_version IS NULL) "
+                "OR {x}.aggregate_version < c.aggregate_version)"
+            )
+            where.append(
+                f"NOT EXISTS (SELECT 1 FROM {n} u WHERE u.subscriber = c.subscriber "
+                "AND u.aggregate_type = c.aggregate_type "
+                "AND u.aggregate_id = c.aggregate_id "
+                f"AND u.state IN ({self.unfinished}) "
+                f"AND {earlier.format(x='u', id='event_id')})"
+            )
+            waiting = [
+                self.undelivered,
+                "e.event_type IS NOT NULL",
+                "e.aggregate_type = c.aggregate_type",
+                "e.aggregate_id = c.aggregate_id",
+            ]
+            if types is not None:
+                waiting.append(f"e.event_type IN ({', '.join(['%s'] * types)})")
+            where.append(
+                f"NOT EXISTS (SELECT 1 FROM {e} e WHERE {' AND '.join(waiting)} "
+                f"AND {earlier.format(x='e', id='id')})"
+            )
+        lock = ""
+        if d.skip_locked:
+            lock = (
+                " FOR UPDATE OF c SKIP LOCKED"
+                if d.lock_of
+                else " FOR UPDATE SKIP LOCKED"
+            )
+        return (
+            f"SELECT c.id FROM {n} c WHERE {' AND '.join(where)} "
+            f"ORDER BY c.next_retry_at, c.id LIMIT %s{lock}"
+        )
+
+    @functools.cache  # noqa: B019
+    def claim(self, names: int, ordered: bool, types: int | None):
+        """PostgreSQL and SQLite: one statement. MariaDB: ``(lock, mark(count),
+        read(count))``. Parameters: the lease's, then the candidates'."""
+        d, n, e = self.d, self.n, self.e
+        assign = (
+            f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
+            "locked_by = %s, locked_until = %s, next_retry_at = %s, updated_at = %s"
+        )
+        candidates = self._candidates(names, ordered, types if ordered else None)
+        event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        if d.writable_cte:
+            return (
+                f"WITH c AS (UPDATE {n} SET {assign} WHERE id IN ({candidates}) "
+                "RETURNING id, attempts, subscriber, event_id) "
+                f"SELECT c.id, c.attempts, c.subscriber, {event_columns} "
+                f"FROM c JOIN {e} e ON e.id = c.event_id ORDER BY c.id"
+            )
+        if d.update_returning:
+            # SQLite's RETURNING may not join; scalar subqueries it may hold.
+            subqueries = ", ".join(
+                f"(SELECT e.{c} FROM {e} e WHERE e.id = {n}.event_id)"
+                for c in EVENT_COLUMNS
+            )
+            return (
+                f"UPDATE {n} SET {assign} WHERE id IN ({candidates}) "
+                f"RETURNING id, attempts, subscriber, {subqueries}"
+            )
+
+        def mark(count: int) -> str:
+            return f"UPDATE {n} SET {assign} WHERE {d.in_list('id', count)}"
+
+        def read(count: int) -> str:
+            return (
+                f"SELECT c.id, c.attempts, c.subscriber, {event_columns} FROM {n} c "
+                f"JOIN {e} e ON e.id = c.event_id "
+                f"WHERE {d.in_list('c.id', count)} ORDER BY c.id"
+            )
+
+        return candidates, _cached(mark), _cached(read)
+
+    # -- outcomes
+
+    @functools.cache  # noqa: B019
+    def renew(self, count: int, returning: bool) -> str:
+        return (
+            f"UPDATE {self.n} SET locked_until = %s, next_retry_at = %s, "
+            f"updated_at = %s WHERE {self._held(count)}"
+            + (" RETURNING id" if returning else "")
+        )
+
+    @functools.cache  # noqa: B019
+    def held(self, count: int) -> str:
+        return f"SELECT id FROM {self.n} WHERE {self._held(count)}"
+
+    @functools.cache  # noqa: B019
+    def succeed(self, count: int) -> str:
+        return (
+            f"UPDATE {self.n} SET state = '{State.SUCCEEDED}', completed_at = %s, "
+            "locked_until = NULL, lease_token = NULL, updated_at = %s "
+            f"WHERE {self._held(count)}"
+        )
+
+    @functools.cache  # noqa: B019
+    def release(self, count: int) -> str:
+        # A row with a failed attempt before this claim goes back to FAILED
+        # (the SET expressions read the values before the update).
+        return (
+            f"UPDATE {self.n} SET state = CASE WHEN attempts > 1 "
+            f"THEN '{State.FAILED}' ELSE '{State.PENDING}' END, "
+            "attempts = attempts - 1, next_retry_at = %s, locked_until = NULL, "
+            "lease_token = NULL, locked_by = '', updated_at = %s "
+            f"WHERE {self._held(count)}"
+        )
+
+
+def _cached(build):
+    return functools.cache(build)

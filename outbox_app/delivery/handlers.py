@@ -1,0 +1,288 @@
+"""Running in-process handlers over a claimed batch.
+
+Handlers run in groups: one transaction per group, each handler in a
+savepoint, then one compare-and-set UPDATE marks the group's successful rows
+SUCCEEDED. A handler's database writes and its mark commit together, so a
+handler that only touches the database takes effect exactly once; a failing
+handler's savepoint is rolled back and its failure recorded after the group
+commits; if any row of the group lost its lease meanwhile, the whole group
+rolls back. A group closes after a handler that queried the database (so its
+locks are released with it, as if it ran alone) or after ``GROUP_SECONDS`` (a
+tenth of the lease, if less): handlers that do not touch the database share
+one commit, the others get one each.
+
+Before each group the batch keeps its lease (:meth:`Batch.keep`): rows another
+relay took over are dropped, and a relay that may have lost its lease renews
+before it starts another handler, so a relay back from a stall never runs
+handlers over rows it no longer holds.
+
+A handler's ``timeout`` is a SIGALRM in the main thread (the relay
+command's); it never interrupts a database call, which would leave the
+connection unusable: an alarm that falls inside one takes effect as soon as the
+call returns.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..conf import outbox_settings
+from ..events import decode, event_class
+from ..exceptions import DeliveryError, HandlerTimeout, LeaseLost
+from ..subscribers import DeliveryContext, Handler
+from .batch import Batch
+from .outcomes import Outcomes
+from .retry import RetryPolicy
+
+#: Longest a group of handlers shares one transaction, in seconds (a group
+#: always runs at least one handler). Short enough that a group's locks and its
+#: outcomes' visibility wait little; long enough that no-op handlers share one
+#: commit per batch (bench/RESULTS.md, benchmark 3).
+GROUP_SECONDS = 0.1
+
+
+def run_handlers(
+    batch: Batch,
+    handler: Handler,
+    outcomes: Outcomes,
+    stop: threading.Event,
+    rng: random.Random | None = None,
+) -> None:
+    """Run ``handler`` on the batch's rows, in order, group by group, and
+    record every outcome. When ``stop`` is set, the rows not attempted yet are
+    released instead."""
+    _Runner(batch, handler, outcomes, stop, rng).run()
+
+
+class _Runner:
+    def __init__(self, batch, handler, outcomes, stop, rng):
+        self.batch: Batch = batch
+        self.handler: Handler = handler
+        self.outcomes: Outcomes = outcomes
+        self.stop: threading.Event = stop
+        self.rng = rng
+        self.policy = RetryPolicy.of(handler)
+        self.using = batch.gateway.using
+        self.seconds = min(GROUP_SECONDS, outbox_settings.LEASE_SECONDS / 10)
+
+    def run(self) -> None:
+        waiting = list(self.batch.contexts)
+        while waiting:
+            if self.stop.is_set():
+                self.outcomes.released([c.notification_id for c in waiting])
+                return
+            kept = self.batch.keep(waiting)
+            self.outcomes.lost(len(waiting) - len(kept), "were taken over")
+            if not kept:
+                return
+            waiting = kept[self._group(kept) :]
+
+    def _group(self, contexts: list[DeliveryContext]) -> int:
+        """Run handlers on a prefix of ``contexts`` in one transaction, for
+        about ``self.seconds``; record the outcomes. Returns how many rows it
+        took."""
+        succeeded: list[int] = []
+        failures: list[tuple[DeliveryContext, BaseException]] = []
+        taken = 0
+        try:
+            with transaction.atomic(using=self.using):
+                deadline = time.monotonic() + self.seconds
+                for context in contexts:
+                    if taken and (
+                        time.monotonic() >= deadline
+                        or self.stop.is_set()
+                        or self.batch.lease_may_have_run_out()
+                    ):
+                        break
+                    taken += 1
+                    error = self.policy.lease_ran_out(context.attempt)
+                    queried = False
+                    if error is None:
+                        error, queried = self._run_one(context)
+                    if error is None:
+                        succeeded.append(context.notification_id)
+                    else:
+                        failures.append((context, error))
+                    if queried:
+                        # Its locks are held until the commit: commit now, so no
+                        # lock outlives its handler (two workers' groups would
+                        # otherwise deadlock on an application's hot rows).
+                        break
+                # The compare-and-set of the whole group: it marks only rows
+                # still leased under this batch's token, and locks them until
+                # the commit; if one was taken over, it raises LeaseLost.
+                self.outcomes.succeeded(succeeded, all_or_none=True)
+        except LeaseLost:
+            # A handler outran the lease and another relay claimed its row:
+            # every write of the group is rolled back, the rows still held are
+            # handed back, due at once; the others belong to that relay now.
+            released = self.outcomes.released(succeeded)
+            self.outcomes.lost(len(succeeded) - released, "ran in a rolled-back group")
+        except BaseException:
+            # The group's transaction is gone (its connection broke, or the
+            # process is being interrupted): its successes were rolled back
+            # and stay RUNNING until their lease runs out. The failures it
+            # collected are still recorded where the connection allows.
+            self._record(failures)
+            raise
+        self._record(failures)
+        return taken
+
+    def _record(self, failures) -> None:
+        for context, error in failures:
+            retry_at = self.policy.retry_at(
+                error, context.attempt, self.batch.clock(), self.rng
+            )
+            self.outcomes.failed(context, error, retry_at)
+
+    def _run_one(self, context: DeliveryContext) -> tuple[Exception | None, bool]:
+        """Run the handler on one row in its own savepoint: (its error or None,
+        whether it queried the database)."""
+        handler = self.handler
+
+        def call(guard: _Guard) -> None:
+            event = event_for(context)
+            with _time_limit(handler.timeout, guard) as timer:
+                handler.fn(event, context)
+            if timer.fired:  # the handler caught HandlerTimeout and returned
+                raise HandlerTimeout(
+                    f"handler ran longer than its timeout of {handler.timeout}s"
+                )
+
+        return _in_savepoint(connections[self.using], call)
+
+
+def event_for(context: DeliveryContext) -> Any:
+    """The event a handler receives: the Event instance, or the payload dict for
+    a type no class defines.
+
+    Raises:
+        EventDecodeError: the payload no longer fits its class.
+    """
+    if event_class(context.event_type) is None:
+        return context.payload
+    return decode(context.event_type, context.revision, context.payload)
+
+
+class _Guard:
+    """Shared by a handler's savepoint and its time limit: whether a database
+    call is in progress, and whether the time limit fell inside one."""
+
+    def __init__(self, timeout: float | None):
+        self.timeout = timeout
+        self.depth = 0  # database calls in progress (nested: a SAVEPOINT)
+        self.deferred = False  # the alarm went off during one
+
+    def timed_out(self) -> HandlerTimeout:
+        return HandlerTimeout(f"handler ran longer than its timeout of {self.timeout}s")
+
+
+def _in_savepoint(
+    connection, fn: Callable[[_Guard], None]
+) -> tuple[Exception | None, bool]:
+    """Call ``fn(guard)`` as a nested ``transaction.atomic()`` would, inside the
+    group's transaction, but send the SAVEPOINT only before ``fn``'s first query
+    on ``connection``: a handler that never touches this database (an e-mail, a
+    cache, an HTTP call) costs no round trip, which is most of what a no-op
+    handler costs otherwise (bench/RESULTS.md, benchmark 3).
+
+    Returns:
+        ``(error, queried)``. ``error`` is None when ``fn`` returned: its writes
+        stay in the group's transaction. It is ``fn``'s exception when it
+        raised or left the transaction marked for rollback: its writes are
+        rolled back and the ``on_commit`` callbacks it registered dropped, as
+        ``atomic()`` does. ``queried``: ``fn`` sent a query on ``connection``.
+
+    Raises:
+        django.db.DatabaseError: rolling back to the savepoint failed (the
+            connection broke); the group's transaction is lost.
+    """
+    callbacks = len(connection.run_on_commit)
+    guard = _Guard(None)
+    sid = None
+
+    def around_query(execute, sql, params, many, context):
+        nonlocal sid
+        guard.depth += 1
+        try:
+            if sid is None:
+                sid = ""  # the SAVEPOINT statement itself passes through here
+                sid = connection.savepoint()
+            return execute(sql, params, many, context)
+        finally:
+            guard.depth -= 1
+            if guard.deferred and not guard.depth:
+                guard.deferred = False
+                raise guard.timed_out()
+
+    try:
+        with connection.execute_wrapper(around_query):
+            fn(guard)
+        if connection.needs_rollback:
+            raise DeliveryError(
+                "the handler left the transaction marked for rollback (a database "
+                "error caught inside atomic(), or transaction.set_rollback(True))"
+            )
+        if sid:
+            connection.savepoint_commit(sid)
+        return None, sid is not None
+    except Exception as exc:
+        error = exc
+    # As atomic() leaves a failed nested block: clear the flag, roll back to the
+    # savepoint; if that fails, the group's transaction is lost.
+    connection.needs_rollback = False
+    if sid:
+        try:
+            connection.savepoint_rollback(sid)
+            connection.savepoint_commit(sid)
+        except Exception:
+            connection.needs_rollback = True
+            raise
+    del connection.run_on_commit[callbacks:]
+    return error, sid is not None
+
+
+class _Timer:
+    fired = False
+
+
+@contextmanager
+def _time_limit(seconds: float | None, guard: _Guard) -> Iterator[_Timer]:
+    """Interrupt the block with HandlerTimeout after ``seconds`` (SIGALRM; only
+    in the main thread, the relay command's; elsewhere the lease bounds it).
+
+    An alarm that goes off inside a database call is deferred to the moment
+    the call returns (``guard``): raising inside the driver leaves the
+    connection mid-protocol ("another command is already in progress"), and
+    the group's transaction with it. ``timer.fired`` tells afterwards whether
+    it went off, even if the block caught the exception.
+    """
+    timer = _Timer()
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield timer
+        return
+
+    def interrupt(signum, frame):
+        timer.fired = True
+        if guard.depth:
+            guard.deferred = True
+            return
+        raise guard.timed_out()
+
+    guard.timeout = seconds
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield timer
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        guard.deferred = False

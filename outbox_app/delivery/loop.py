@@ -1,0 +1,182 @@
+"""The relay's loop: fan out, then claim and deliver batch by batch.
+
+The ``relay`` management command, the Celery tasks and the tests call these;
+each is bounded by a batch size and a time budget and returns counts. No
+transaction or row lock is open while a broker call runs, and none but a
+handler group's own while handlers run. Under a backlog (a full batch) the
+next batch is claimed on a second connection while this one is delivered
+(PostgreSQL, MySQL/MariaDB; :class:`~outbox_app.delivery.batch.ClaimAhead`),
+and a publisher keeps one batch on the wire while the previous one's confirms
+are collected (:mod:`outbox_app.delivery.publishers`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.utils import timezone
+
+from .. import registry
+from ..conf import outbox_settings
+from ..publishers.base import Publisher
+from ..subscribers import Handler, Kind, Subscriber
+from .batch import Batch, ClaimAhead
+from .fanout import fan_out
+from .handlers import run_handlers
+from .outcomes import Outcomes, RelayReport
+from .publishers import PublisherRunner, pauses
+
+
+def worker_name() -> str:
+    """``host:pid``, stored as ``locked_by`` on leased rows."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def relay_once(
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+    stop: threading.Event | None = None,
+) -> RelayReport:
+    """Fan out, then deliver what is due, once.
+
+    Args:
+        kind: ``"handler"`` or ``"publisher"`` to deliver to one kind only;
+            ``None`` for both.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: time budget in seconds for the whole call; ``None``: until
+            nothing is due.
+        now: the clock for claims and backoff (tests); default the real time.
+        stop: when set (a relay shutting down), no new batch is claimed and the
+            unattempted rows of the current handler batch are released.
+
+    Returns:
+        RelayReport with the counts.
+    """
+    started = time.monotonic()
+    report = RelayReport(
+        fanned_out=fan_out(using=using, batch_size=batch_size, max_seconds=max_seconds)
+    )
+    remaining = (
+        None if max_seconds is None else max_seconds - (time.monotonic() - started)
+    )
+    report += deliver(
+        kind=kind,
+        using=using,
+        batch_size=batch_size,
+        max_seconds=remaining,
+        now=now,
+        stop=stop,
+    )
+    return report
+
+
+def deliver(
+    subscribers: Iterable[Subscriber] | None = None,
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+    worker: str | None = None,
+    rng: random.Random | None = None,
+    stop: threading.Event | None = None,
+) -> RelayReport:
+    """Claim and deliver due notifications, batch by batch, until none is due or
+    the time budget is spent.
+
+    Subscribers take turns, a batch each, so one subscriber's backlog does not
+    hold up the others. A publisher paused by an outage is skipped until its
+    probe succeeds.
+
+    Args:
+        subscribers: whom to deliver for; default every subscriber of ``kind``.
+        kind: ``"handler"``, ``"publisher"`` or ``None`` (both), when
+            ``subscribers`` is not given.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: stop claiming new batches after this many seconds; ``None``
+            runs until nothing is due. Batches already claimed are finished.
+        now: the clock for claims, backoff and pauses (tests); default the real
+            time, read per batch.
+        worker: lease holder name; default :func:`worker_name`.
+        rng: randomness for backoff jitter (tests).
+        stop: when set, claim no new batch; a handler batch releases the rows
+            it has not attempted yet (due again at once, attempt taken back).
+
+    Returns:
+        RelayReport with the counts (``fanned_out`` is 0).
+
+    Raises:
+        django.db.DatabaseError: the database failed outside a delivery (during
+            a claim); outcomes already written stay written.
+    """
+    chosen = list(registry.subscribers(kind) if subscribers is None else subscribers)
+    batch_size = batch_size or outbox_settings.BATCH_SIZE
+    worker = worker or worker_name()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    stop = stop or threading.Event()
+    report = RelayReport()
+    ahead = ClaimAhead(using)
+    runners = {s: PublisherRunner(s, rng) for s in chosen if isinstance(s, Publisher)}
+
+    def claim(subscriber: Subscriber) -> Batch:
+        return Batch.claim(subscriber, using, batch_size, now, worker)
+
+    delivering = 0.0  # seconds the last batch took to deliver
+    try:
+        active = chosen
+        while active:
+            still_busy: list[Subscriber] = []
+            for position, subscriber in enumerate(active):
+                if stop.is_set():
+                    return report
+                runner = runners.get(subscriber)
+                if runner is not None and not pauses.ready(
+                    subscriber, now or timezone.now(), using, rng
+                ):
+                    runner.finish()
+                    continue
+                batch = ahead.take(subscriber) or claim(subscriber)
+                # A full batch may have more behind it; so may any batch of an
+                # ordered subscriber, which claims only each aggregate's head.
+                more = len(batch) == batch_size or (subscriber.ordered and len(batch))
+                if more:
+                    still_busy.append(subscriber)
+                    # A backlog: claim the next batch on a second connection
+                    # while this one is delivered (unless time is up by then).
+                    following = active[position + 1 : position + 2] or still_busy
+                    if deadline is None or time.monotonic() + delivering < deadline:
+                        ahead.submit(following[0], claim)
+                began = time.monotonic()
+                if runner is not None:
+                    # An ordered publisher's next heads appear only once this
+                    # batch is marked: no window for it.
+                    runner.deliver(batch, report, last=not more or subscriber.ordered)
+                elif len(batch):
+                    report.claimed += len(batch)
+                    outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
+                    assert isinstance(subscriber, Handler)
+                    run_handlers(batch, subscriber, outcomes, stop, rng)
+                delivering = time.monotonic() - began
+                if deadline is not None and time.monotonic() >= deadline:
+                    return report
+            active = still_busy
+        return report
+    finally:
+        # The batches in flight are collected; a batch claimed ahead and not
+        # delivered (time is up, stopping, an error) is handed back.
+        for runner in runners.values():
+            runner.finish()
+        report += ahead.close()

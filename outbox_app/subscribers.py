@@ -1,0 +1,113 @@
+"""What the relay delivers to: subscribers and the context of one delivery.
+
+A subscriber is an in-process :class:`Handler` (registered with
+:func:`outbox_app.registry.handler`) or a broker publisher
+(:class:`outbox_app.publishers.base.Publisher`, configured in
+``OUTBOX_PUBLISHERS``). Both share the delivery options of
+:class:`Subscriber`. The relay hands each delivery's
+:class:`DeliveryContext` to a handler beside the event, and to a publisher as
+the message to send.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from .conf import outbox_settings
+
+Kind = Literal["handler", "publisher"]
+#: In ``EVENT_TYPES``: every event type.
+WILDCARD = "*"
+
+
+@dataclass(frozen=True)
+class DeliveryContext:
+    """What a handler receives besides the event, and what a publisher sends.
+
+    Attributes:
+        event_id: the outbox event's id (UUIDv7); consumers deduplicate by it.
+        namespace: the publishing service (``OUTBOX_NAMESPACE``).
+        event_type, revision: the stored type name and payload revision.
+        payload: the stored JSON payload (plain JSON types).
+        aggregate_type, aggregate_id, aggregate_version: the aggregate, if any.
+        headers: the envelope headers given to ``publish()``.
+        tenant_id, action_id: tenant and action, if any.
+        occurred_at: when the event was published (aware datetime).
+        attempt: this delivery attempt, 1 for the first.
+        subscriber: the receiving subscriber's name.
+        notification_id: the notification row being delivered.
+    """
+
+    event_id: uuid.UUID
+    namespace: str
+    event_type: str
+    revision: int
+    payload: dict[str, Any]
+    aggregate_type: str | None
+    aggregate_id: str | None
+    aggregate_version: int | None
+    headers: dict[str, Any]
+    tenant_id: str | None
+    action_id: uuid.UUID | None
+    occurred_at: datetime.datetime
+    attempt: int
+    subscriber: str
+    notification_id: int
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """Anything that receives events: common delivery options.
+
+    Attributes:
+        name: stable key stored on notifications.
+        event_types: the types received; ``None`` means every type.
+        ordered: deliver each aggregate's events strictly in publish order.
+        max_attempts: attempts before EXPIRED; ``None`` uses OUTBOX_MAX_ATTEMPTS.
+        aliases: former names whose stored rows this subscriber still takes.
+    """
+
+    kind: ClassVar[Kind]
+
+    name: str
+    event_types: frozenset[str] | None
+    ordered: bool = False
+    max_attempts: int | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def stored_names(self) -> tuple[str, ...]:
+        """Names its notification rows may carry: its own and its aliases."""
+        return (self.name, *self.aliases)
+
+    def receives(self, event_type: str) -> bool:
+        return self.event_types is None or event_type in self.event_types
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.max_attempts or outbox_settings.MAX_ATTEMPTS
+
+
+@dataclass(eq=False)
+class Handler(Subscriber):
+    """An in-process handler: ``fn(event, context)``.
+
+    Attributes:
+        fn: the callable. It receives the rebuilt event (an ``Event`` instance, or
+            the payload dict for a type with no class) and a DeliveryContext.
+        retry_on: exceptions that fail the attempt and are retried.
+        give_up_on: exceptions that expire the notification at once.
+        timeout: seconds an attempt may run before HandlerTimeout interrupts it
+            (main thread only, via SIGALRM); ``None`` for no limit.
+    """
+
+    fn: Callable[[Any, DeliveryContext], Any] = field(default=lambda e, c: None)
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    give_up_on: tuple[type[BaseException], ...] = ()
+    timeout: float | None = None
+
+    kind: ClassVar[Kind] = "handler"

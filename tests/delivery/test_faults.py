@@ -1,0 +1,257 @@
+"""Faults of the delivery path found by a code reading and a soak (issue 12,
+item 7): each test failed before its fix.
+
+(a) a relay frozen inside fan-out stopped every other relay; (b) ordered
+delivery could invert aggregate versions across fan-out batches; (c) a relay
+that lost its lease went on running its stale batch; (e) a handler timeout
+firing inside a database call lost the group's outcomes. (d), one publisher
+shared by threads, is in tests/brokers/test_threads.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test import skipUnlessDBFeature
+
+from outbox_app import Notification, OutboxEvent, publish
+from outbox_app.ids import new_event_id
+from outbox_app.publishers.base import Publisher
+from outbox_app.registry import get
+from outbox_app.states import State
+from tests.processes import spawn, wait_for
+from tests.testapp.events import OrderPlaced, Step
+from tests.testapp.models import SideEffect
+
+from .test_delivery import deliver, fan_out, later, place, relay_once
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def steal(subscriber, seconds: float = 3600) -> int:
+    """Another relay claims ``subscriber``'s rows once their leases ran out: a
+    claim on its own connection, in a thread, with a clock ``seconds`` ahead."""
+    from outbox_app.delivery.batch import Batch
+
+    taken = []
+
+    def run():
+        try:
+            found = get(subscriber) if isinstance(subscriber, str) else subscriber
+            batch = Batch.claim(found, "default", 1000, later(seconds), "thief:1")
+            taken.append(len(batch.contexts))
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return taken[0]
+
+
+# --- (a) a relay frozen inside fan-out ----------------------------------------
+
+
+@pytest.mark.slow
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
+    handlers("record")
+    early = place(50)
+    fan_out()  # notifications fanned out long before the freeze
+    waiting = place(100)
+    marker = tmp_path / "frozen"
+    frozen = spawn(
+        "-m",
+        "tests.relay_worker",
+        "record",
+        "--batch-size",
+        "10",
+        "--stall-after",
+        r"INSERT .*outbox_app_notification",
+        OUTBOX_TEST_MARKER=str(marker),
+    )
+    try:
+        wait_for(
+            lambda: marker.exists() or frozen.poll() is not None,
+            60,
+            "the relay to freeze inside fan-out",
+        )
+        assert frozen.poll() is None, frozen.communicate()[1][-3000:]
+        other = spawn("-m", "tests.relay_worker", "record", "--max-seconds", "8")
+        try:
+            _, err = other.communicate(timeout=60)
+        finally:
+            if other.poll() is None:  # it waited on the frozen relay's locks
+                other.kill()
+                other.communicate(timeout=10)
+        assert other.returncode == 0, err[-3000:]
+        # The other relay delivered what was fanned out before, and fanned out
+        # and delivered every event the frozen one does not hold.
+        done = Notification.objects.filter(state=State.SUCCEEDED)
+        assert done.filter(event_id__in=[e.id for e in early]).count() == 100
+        held = OutboxEvent.objects.filter(
+            id__in=[e.id for e in waiting], delivered=False
+        ).count()
+        assert held <= 10
+        assert done.count() >= 2 * (150 - 10)
+    finally:
+        frozen.send_signal(signal.SIGKILL)
+        frozen.communicate(timeout=10)
+    # Once the database has ended its session (at once, or when it notices
+    # the closed socket), its batch is fanned out by a later relay pass; every
+    # event reaches each handler once.
+    wait_for(
+        lambda: (
+            relay_once() is not None
+            and not OutboxEvent.objects.undelivered().exists()
+            and not Notification.objects.exclude(state=State.SUCCEEDED).exists()
+        ),
+        30,
+        "the frozen relay's batch to be delivered by another relay",
+    )
+    for name in ("record_a", "record_b"):
+        effects = SideEffect.objects.filter(handler=name)
+        assert effects.count() == 150
+        assert effects.values("event_id").distinct().count() == 150
+
+
+# --- (b) ordered delivery across fan-out batches ------------------------------
+
+
+def test_ordered_delivery_keeps_versions_in_order_across_fan_out_batches(
+    registered,
+):
+    seen = []
+
+    @registered(Step, name="versions", ordered=True)
+    def versions(event, context):
+        seen.append(context.aggregate_version)
+
+    # Version 2 has the smaller id: two hosts whose clocks differ, or ids the
+    # caller supplied.
+    low, high = sorted([new_event_id(), new_event_id()])
+    cart = ("shop.Cart", "v")
+    with transaction.atomic():
+        publish(
+            {"event_type": "Step", "payload": {"position": 1}, "id": high},
+            aggregate=cart,
+            aggregate_version=1,
+        )
+    with transaction.atomic():
+        publish(
+            {"event_type": "Step", "payload": {"position": 2}, "id": low},
+            aggregate=cart,
+            aggregate_version=2,
+        )
+    # Fan-out pages by id: its first batch holds version 2 alone.
+    assert fan_out(batch_size=1, max_seconds=0) == 1
+    deliver()
+    relay_once()
+    assert seen == [1, 2]
+
+
+# --- (c) a relay that lost its lease ------------------------------------------
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    calls, stolen = [], []
+
+    @registered(OrderPlaced, name="stalls")
+    def stalls(event, context):
+        calls.append(context.notification_id)
+        if len(calls) == 1:
+            # A stall past the lease: another relay takes the batch over.
+            stolen.append(steal("stalls"))
+            time.sleep(0.15)
+
+    place(6)
+    fan_out()
+    report = deliver([get("stalls")], batch_size=6)
+    assert stolen == [6]
+    assert len(calls) == 1, "handlers ran on rows another relay holds"
+    assert report.lost == 6 and report.succeeded == 0
+    assert set(Notification.objects.values_list("locked_by", flat=True)) == {"thief:1"}
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_batch_claimed_ahead_whose_lease_ran_out_is_not_run(registered, settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    calls, stolen = [], []
+
+    @registered(OrderPlaced, name="long_batch")
+    def long_batch(event, context):
+        calls.append(context.notification_id)
+        if len(calls) == 5:
+            # The first batch outlasts the lease of the batch claimed ahead
+            # (and its own): another relay takes both over.
+            time.sleep(0.3)
+            stolen.append(steal("long_batch"))
+
+    place(10)
+    fan_out()
+    report = deliver([get("long_batch")], batch_size=5)
+    assert stolen == [10]
+    assert len(calls) == 5, "handlers ran on rows another relay holds"
+    assert (report.succeeded, report.lost) == (0, 10)
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_publisher_batch_whose_lease_ran_out_is_not_sent(settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    sent, stolen = [], []
+
+    class Slow(Publisher):
+        def send_batch(self, messages):
+            sent.extend(m.notification_id for m in messages)
+            if len(sent) == 5:
+                time.sleep(0.3)
+                stolen.append(steal(self))
+            return [None] * len(messages)
+
+    slow = Slow("slow", {})
+    place(10)
+    fan_out(subscribers=[slow])
+    report = deliver([slow], batch_size=5)
+    assert stolen == [10]
+    assert len(sent) == 5, "a batch another relay holds was sent"
+    assert (report.succeeded, report.lost) == (0, 10)
+
+
+# --- (e) a handler timeout inside a database call -----------------------------
+
+
+def slow_query_sql(seconds: float) -> str:
+    if connection.vendor == "postgresql":
+        return f"SELECT pg_sleep({seconds})"
+    if connection.vendor == "mysql":
+        return f"SELECT SLEEP({seconds})"
+    # SQLite has no sleep: count long enough.
+    return (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+        f"WHERE x < {int(seconds * 4_000_000)}) SELECT count(*) FROM c"
+    )
+
+
+def test_a_timeout_during_a_database_call_fails_only_that_handler(registered):
+    sql = slow_query_sql(0.8)
+
+    @registered(OrderPlaced, name="querying", timeout=0.2)
+    def querying(event, context):
+        if event.order_id == 1:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+        SideEffect.objects.create(handler="querying", event_id=context.event_id)
+
+    place(3)
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (2, 1)
+    failed = Notification.objects.get(state=State.FAILED)
+    assert failed.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert not Notification.objects.filter(state=State.RUNNING).exists()
+    assert SideEffect.objects.count() == 2
