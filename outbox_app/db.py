@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import fcntl
 import functools
-import json
 import os
 import threading
 import uuid
@@ -27,6 +26,7 @@ from django.db.models.constants import OnConflict
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .events import loads
 from .exceptions import RelayAlreadyRunning
 
 
@@ -197,9 +197,9 @@ class Dialect:
     def json_value(value: Any) -> Any:
         """A JSON column's value: the drivers return its text (Django registers
         PostgreSQL's jsonb loader as text, as ``JSONField`` expects)."""
-        if isinstance(value, str | bytes):
-            return json.loads(value)
-        return value
+        if isinstance(value, bytes):
+            value = value.decode()
+        return loads(value) if isinstance(value, str) else value
 
 
 def dialect(alias: str) -> Dialect:

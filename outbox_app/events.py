@@ -22,12 +22,14 @@ import datetime
 import decimal
 import functools
 import json
+import re
 import types
 import typing
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.dateparse import (
     parse_date,
@@ -268,6 +270,22 @@ def _offending_field(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
+def loads(text: str) -> Any:
+    """Parse stored JSON text (a payload, headers) exactly as ``json.loads``
+    would, with orjson's speed (about 8x) where that is the same thing: text
+    holding a run of 19 or more digits (an integer orjson would turn into a
+    float) or that orjson refuses (a lone surrogate) goes to ``json.loads``."""
+    if not _LONG_NUMBER.search(text):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
 # --- decoding ----------------------------------------------------------------------
 
 
@@ -316,19 +334,23 @@ def decode(event_type: str, revision: int, payload: dict[str, Any]) -> Any:
 def _build(cls: type, data: Mapping[str, Any]) -> Any:
     if not isinstance(data, Mapping):
         raise TypeError(f"expected an object for {cls.__name__}, got {data!r}")
-    hints, fields = _schema(cls)
+    converters, fields = _schema(cls)
     unknown = data.keys() - fields
     if unknown:
         raise TypeError(f"unexpected field(s) {', '.join(sorted(unknown))}")
-    return cls(**{k: _convert(hints.get(k, Any), v) for k, v in data.items()})
+    return cls(
+        **{k: v if v is None else converters.get(k, _same)(v) for k, v in data.items()}
+    )
 
 
 @functools.cache
-def _schema(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
-    """A dataclass's type hints and init field names, worked out once per class
-    (``typing.get_type_hints`` was most of the cost of a decode)."""
+def _schema(cls: type) -> tuple[dict[str, Callable[[Any], Any]], frozenset[str]]:
+    """A dataclass's field converters (from its type hints) and init field
+    names, worked out once per class (``typing.get_type_hints`` and walking
+    the hints were most of the cost of a decode)."""
     fields = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
-    return typing.get_type_hints(cls), fields
+    hints = typing.get_type_hints(cls)
+    return {name: _converter(hint) for name, hint in hints.items()}, fields
 
 
 _PARSERS: dict[type, Callable[[Any], Any]] = {
@@ -341,24 +363,35 @@ _PARSERS: dict[type, Callable[[Any], Any]] = {
 }
 
 
-def _convert(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
+def _same(value: Any) -> Any:
+    return value
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """The function that turns a non-None JSON value back into ``hint``'s type
+    (Decimal, datetime, date, time, timedelta, UUID, nested dataclasses, lists
+    and optionals of those); other values pass through unchanged."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(options[0], value) if len(options) == 1 else value
+        return _converter(options[0]) if len(options) == 1 else _same
     if origin in (list, tuple, set, frozenset):
         args = typing.get_args(hint)
-        item = args[0] if args else Any
-        return origin(_convert(item, v) for v in value)
+        item = _converter(args[0] if args else Any)
+        return lambda value: origin(None if v is None else item(v) for v in value)
     if isinstance(hint, type):
         if dataclasses.is_dataclass(hint):
-            return _build(hint, value)
+            return lambda value: _build(hint, value)
         parser = _PARSERS.get(hint)
-        if parser is not None and isinstance(value, str | int | float):
-            parsed = parser(value)
-            if parsed is None:
-                raise ValueError(f"{value!r} is not a valid {hint.__name__}")
-            return parsed
-    return value
+        if parser is not None:
+            return functools.partial(_parse, parser, hint)
+    return _same
+
+
+def _parse(parser: Callable[[Any], Any], hint: type, value: Any) -> Any:
+    if not isinstance(value, str | int | float):
+        return value
+    parsed = parser(value)
+    if parsed is None:
+        raise ValueError(f"{value!r} is not a valid {hint.__name__}")
+    return parsed

@@ -145,6 +145,10 @@ class RelayWorker:
             finally:
                 events_committed.disconnect(listener.wake)
                 close_publishers()
+                # The connection it kept open across iterations (a worker run
+                # in a thread of a longer-lived process leaves none behind).
+                if not connections[self.using].in_atomic_block:
+                    connections[self.using].close()
         logger.info("relay stopped %s", _fields(total))
         return total
 

@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import outbox_settings
 from ..db import is_single_writer
 from ..subscribers import DeliveryContext, Subscriber
-from .gateway import Gateway
+from .gateway import Gateway, Lease, Subscription
 from .outcomes import RelayReport
 
 
@@ -49,6 +49,7 @@ class Batch:
     now: datetime.datetime
     started: float
     renewed: float = field(default=0.0)
+    fanned_out: int = 0
 
     @classmethod
     def claim(
@@ -58,22 +59,47 @@ class Batch:
         batch_size: int,
         now: datetime.datetime | None,
         worker: str,
+        fold: Fold | None = None,
     ) -> Batch:
         """Lease up to ``batch_size`` due rows of ``subscriber`` and read what
-        delivering them needs (one round trip where the database allows)."""
+        delivering them needs (one round trip where the database allows).
+
+        With ``fold`` (an unordered subscriber), a batch that is not full is
+        topped up from events not fanned out yet, fanning them out and
+        claiming ``subscriber``'s share in the same step
+        (:meth:`Gateway.fan_out` with a lease): due rows first, so retries are
+        never starved by new events.
+        """
         started = time.monotonic()
         now = now or timezone.now()
         gateway = Gateway(using)
+        lease = outbox_settings.LEASE_SECONDS
         token, contexts = gateway.claim(
             subscriber.stored_names,
             limit=batch_size,
-            lease_seconds=outbox_settings.LEASE_SECONDS,
+            lease_seconds=lease,
             worker=worker,
             now=now,
             ordered=subscriber.ordered,
             event_types=subscriber.event_types,
         )
-        return cls(subscriber, gateway, token, contexts, now, started, started)
+        fanned_out = 0
+        if fold is not None and not subscriber.ordered and len(contexts) < batch_size:
+            expiry = now + datetime.timedelta(seconds=lease)
+            ids, claimed = gateway.fan_out(
+                fold.subscriptions,
+                batch_size - len(contexts),
+                fold.after,
+                now,
+                Lease(subscriber.name, token, worker, expiry),
+            )
+            if ids:
+                fold.after = ids[-1]
+            fanned_out = len(ids)
+            contexts += claimed
+        return cls(
+            subscriber, gateway, token, contexts, now, started, started, fanned_out
+        )
 
     def __len__(self) -> int:
         return len(self.contexts)
@@ -119,7 +145,19 @@ class Batch:
         released = self.gateway.release(
             self.token, [c.notification_id for c in self.contexts], timezone.now()
         )
-        return RelayReport(claimed=len(self.contexts), released=released)
+        return RelayReport(
+            claimed=len(self.contexts), released=released, fanned_out=self.fanned_out
+        )
+
+
+@dataclass
+class Fold:
+    """Fan-out folded into claims for one :func:`deliver` call: whom fan-out
+    creates notifications for, and where its last batch ended (keyset paging;
+    an event committed late with a lower id is left to the next fan-out)."""
+
+    subscriptions: list[Subscription]
+    after: uuid.UUID | None = None
 
 
 class ClaimAhead:

@@ -8,7 +8,7 @@ it (Ekbatan's EventFanoutJob, seed 000). Sentinel rows are never fanned out.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from django.utils import timezone
 
@@ -16,6 +16,12 @@ from .. import registry
 from ..conf import outbox_settings
 from ..subscribers import Subscriber
 from .gateway import Gateway, Subscription
+
+
+def subscriptions_of(subscribers: Iterable[Subscriber]) -> list[Subscription]:
+    """What fan-out creates notifications for: each subscriber's name and
+    event types."""
+    return [Subscription(s.name, s.event_types) for s in subscribers]
 
 
 def fan_out(
@@ -48,17 +54,18 @@ def fan_out(
     Returns:
         Number of events fanned out.
     """
-    chosen = list(registry.subscribers() if subscribers is None else subscribers)
-    if not chosen:
+    subscriptions = subscriptions_of(
+        registry.subscribers() if subscribers is None else subscribers
+    )
+    if not subscriptions:
         return 0
-    subscriptions = [Subscription(s.name, s.event_types) for s in chosen]
     batch_size = batch_size or outbox_settings.BATCH_SIZE
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     gateway = Gateway(using)
     total = 0
     after = None  # the last id fanned out by this call
     while True:
-        ids = gateway.fan_out(subscriptions, batch_size, after, timezone.now())
+        ids, _ = gateway.fan_out(subscriptions, batch_size, after, timezone.now())
         total += len(ids)
         if len(ids) < batch_size or (
             deadline is not None and time.monotonic() >= deadline

@@ -73,6 +73,17 @@ def _states(states: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """Who claims what fan-out creates for subscriber ``name``: the lease
+    token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`)."""
+
+    name: str
+    token: uuid.UUID
+    worker: str
+    expiry: datetime.datetime
+
+
+@dataclass(frozen=True)
 class Subscription:
     """One subscriber as fan-out sees it: its name and the event types it
     receives (``None``: every type)."""
@@ -107,10 +118,11 @@ class Gateway:
         limit: int,
         after: uuid.UUID | None,
         now: datetime.datetime,
-    ) -> list[uuid.UUID]:
+        lease: Lease | None = None,
+    ) -> tuple[list[uuid.UUID], list[DeliveryContext]]:
         """Turn up to ``limit`` undelivered events (ids after ``after``, oldest
-        first) into one PENDING notification per subscription of their type,
-        due at ``now``, and flip their ``delivered`` flag.
+        first) into one notification per subscription of their type, due at
+        ``now``, and flip their ``delivered`` flag.
 
         Events another relay is fanning out right now are skipped, never
         waited for (``SKIP LOCKED``): a relay frozen inside fan-out holds its
@@ -119,9 +131,15 @@ class Gateway:
         earlier events that are not fanned out yet), so skipping is safe.
         An existing ``(event, subscriber)`` pair is left alone.
 
+        With ``lease``, fan-out and claim are one step: the notifications of
+        ``lease.name`` (an unordered subscriber) are created RUNNING, leased
+        as :meth:`claim` leases them, and returned ready to deliver, event
+        payload included; the others are PENDING. One statement on
+        PostgreSQL, one transaction elsewhere.
+
         Returns:
-            The ids fanned out, in id order (empty: nothing left after
-            ``after``).
+            ``(ids fanned out in id order, contexts claimed for lease.name in
+            notification id order)``; no ids: nothing left after ``after``.
         """
         d = self.dialect
         types = _union_types(subscriptions)
@@ -129,23 +147,49 @@ class Gateway:
         if after is not None:
             select.append(d.uuid_param(after))
         select.append(limit)
-        pairs = [v for s in subscriptions for t in _types(s) for v in (s.name, t)]
-        stamps = [d.datetime_param(now)] * 3
+        claiming = lease is not None
+        rows = [
+            (s.name, t, int(claiming and s.name == lease.name))
+            for s in subscriptions
+            for t in _types(s)
+        ]
+        subs = [v for row in rows for v in (row if claiming else row[:2])]
+        stamp = d.datetime_param(now)
+        if claiming:
+            until = d.datetime_param(lease.expiry)
+            worker, token = lease.worker[:255], d.uuid_param(lease.token)
+            values = [until, stamp, until, worker, token, stamp, stamp]
+        else:
+            values = [stamp, stamp, stamp]
         text = _statements(self.using, d.vendor).fan_out(
-            None if types is None else len(types), after is not None, len(pairs) // 2
+            None if types is None else len(types),
+            after is not None,
+            len(rows),
+            claiming,
         )
         if d.writable_cte:
             with self._cursor() as cursor:
-                cursor.execute(text, [*select, *pairs, *stamps])
-                return [d.uuid_value(row[0]) for row in cursor.fetchall()]
-        find, insert, flip = text
+                cursor.execute(text, [*select, *subs, *values])
+                found = cursor.fetchall()
+            ids = [d.uuid_value(row[0]) for row in found]
+            if not claiming:
+                return ids, []
+            contexts = [_context(d, row[1:]) for row in found if row[1] is not None]
+            contexts.sort(key=lambda c: c.notification_id)
+            return ids, contexts
+        find, insert, flip, read = text
         with transaction.atomic(using=self.using), self._cursor() as cursor:
             cursor.execute(find, select)
             ids = [row[0] for row in cursor.fetchall()]
-            if ids:
-                cursor.execute(insert(len(ids)), [*stamps, *pairs, *ids])
-                cursor.execute(flip(len(ids)), ids)
-        return [d.uuid_value(i) for i in ids]
+            if not ids:
+                return [], []
+            cursor.execute(insert(len(ids)), [*values, *subs, *ids])
+            cursor.execute(flip(len(ids)), ids)
+            found = []
+            if claiming:
+                cursor.execute(read(len(ids)), [*ids, lease.name, token])
+                found = cursor.fetchall()
+        return [d.uuid_value(i) for i in ids], [_context(d, row) for row in found]
 
     # --- claims -----------------------------------------------------------------
 
@@ -389,9 +433,12 @@ class _Statements:
     # -- fan-out
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
-    def fan_out(self, type_count: int | None, paged: bool, subscriptions: int):
-        """PostgreSQL: one statement returning the batch's ids. Elsewhere:
-        ``(select, insert(count), flip(count))``."""
+    def fan_out(
+        self, type_count: int | None, paged: bool, subscriptions: int, claiming: bool
+    ):
+        """PostgreSQL: one statement returning one row per event fanned out
+        (its id, then the claimed notification's columns or NULLs). Elsewhere:
+        ``(find, insert(count), flip(count), read(count))``."""
         d, n, e = self.d, self.n, self.e
         where = [self.undelivered, "e.event_type IS NOT NULL"]
         if type_count is not None:
@@ -399,39 +446,72 @@ class _Statements:
         if paged:
             where.append("e.id > %s")
         lock = " FOR UPDATE SKIP LOCKED" if d.skip_locked else ""
+        read_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        batch_columns = (
+            read_columns
+            if claiming and d.writable_cte
+            else "e.id, e.event_type, e.aggregate_type, e.aggregate_id, "
+            "e.aggregate_version, e.tenant_id"
+        )
         select = (
-            "SELECT e.id, e.event_type, e.aggregate_type, e.aggregate_id, "
-            f"e.aggregate_version, e.tenant_id FROM {e} e "
+            f"SELECT {batch_columns} FROM {e} e "
             f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
         )
-        # (name, event type or NULL for every type) per subscription; plain
-        # parameters, no CAST: MySQL would compare a CAST's collation with
-        # the column's and refuse the mix.
-        pairs = " UNION ALL ".join(
-            ["SELECT %s AS name, %s AS event_type"]
-            + ["SELECT %s, %s"] * (subscriptions - 1)
-        )
+        # (name, event type or NULL for every type[, claimed 1/0]) per
+        # subscription; plain parameters, no CAST: MySQL would compare a
+        # CAST's collation with the column's and refuse the mix.
+        first = "SELECT %s AS name, %s AS event_type"
+        rest = "SELECT %s, %s"
+        if claiming:
+            first, rest = first + ", %s AS claimed", rest + ", %s"
+        pairs = " UNION ALL ".join([first] + [rest] * (subscriptions - 1))
         columns = (
             "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
             "aggregate_version, tenant_id, state, attempts, next_retry_at, "
-            "locked_by, last_error, last_error_type, last_traceback, created_at, "
-            "updated_at"
+            "locked_until, locked_by, lease_token, last_error, last_error_type, "
+            "last_traceback, created_at, updated_at"
         )
-        values = (
+        copied = (
             "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
-            f"b.aggregate_version, b.tenant_id, '{State.PENDING}', 0, %s, '', '', "
-            "'', '', %s, %s"
+            "b.aggregate_version, b.tenant_id"
         )
+        if claiming:
+            mine = "CASE WHEN s.claimed = 1 THEN"
+            values = (
+                f"{copied}, {mine} '{State.RUNNING}' ELSE '{State.PENDING}' END, "
+                f"s.claimed, {mine} %s ELSE %s END, {mine} %s END, "
+                f"{mine} %s ELSE '' END, {mine} %s END, '', '', '', %s, %s"
+            )
+        else:
+            values = (
+                f"{copied}, '{State.PENDING}', 0, %s, NULL, '', NULL, '', '', '', "
+                "%s, %s"
+            )
         join = "s.event_type IS NULL OR s.event_type = b.event_type"
         if d.writable_cte:
-            return (
-                f"WITH b AS ({select}), "
-                f"flipped AS (UPDATE {e} SET delivered = TRUE "
-                f"WHERE id IN (SELECT id FROM b)), "
-                f"s AS ({pairs}), "
+            created = (
                 f"created AS (INSERT INTO {n} ({columns}) SELECT {values} "
-                f"FROM b JOIN s ON {join} ORDER BY b.id ON CONFLICT DO NOTHING) "
-                "SELECT id FROM b ORDER BY id"
+                f"FROM b JOIN s ON {join} ORDER BY b.id ON CONFLICT DO NOTHING"
+                + (
+                    " RETURNING id, attempts, subscriber, event_id, state)"
+                    if claiming
+                    else ")"
+                )
+            )
+            statement = (
+                f"WITH b AS ({select.replace('FROM', 'FROM', 1)}), "
+                f"flipped AS (UPDATE {e} SET delivered = TRUE "
+                f"WHERE id = ANY(ARRAY(SELECT id FROM b))), "
+                f"s AS ({pairs}), {created} "
+            )
+            if not claiming:
+                return statement + "SELECT id FROM b ORDER BY id"
+            event_columns = ", ".join(f"b.{c}" for c in EVENT_COLUMNS)
+            return (
+                statement
+                + f"SELECT b.id, c.id, c.attempts, c.subscriber, {event_columns} "
+                f"FROM b LEFT JOIN created c ON c.event_id = b.id "
+                f"AND c.state = '{State.RUNNING}' ORDER BY b.id"
             )
         ignore_prefix, ignore_suffix = (
             ("INSERT IGNORE INTO", "")
@@ -449,9 +529,17 @@ class _Statements:
         def flip(count: int) -> str:
             return f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)}"
 
-        # Parameters: the find's; the insert's stamps, subscription pairs, ids;
-        # the flip's ids (see Gateway.fan_out).
-        return select, _cached(insert), _cached(flip)
+        def read(count: int) -> str:
+            return (
+                f"SELECT c.id, c.attempts, c.subscriber, {read_columns} FROM {n} c "
+                f"JOIN {e} e ON e.id = c.event_id "
+                f"WHERE {d.in_list('c.event_id', count)} AND c.subscriber = %s "
+                "AND c.lease_token = %s ORDER BY c.id"
+            )
+
+        # Parameters: the find's; the insert's values, subscriptions, ids; the
+        # flip's ids; the read's ids, name and token (see Gateway.fan_out).
+        return select, _cached(insert), _cached(flip), _cached(read)
 
     # -- claims
 
@@ -513,8 +601,12 @@ class _Statements:
         candidates = self._candidates(names, ordered, types if ordered else None)
         event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
         if d.writable_cte:
+            # = ANY(ARRAY(...)): the candidates become one array, computed once,
+            # and the update finds its rows by primary key; as "IN (SELECT ...)"
+            # PostgreSQL may hash-join a sequential scan of the whole table.
             return (
-                f"WITH c AS (UPDATE {n} SET {assign} WHERE id IN ({candidates}) "
+                f"WITH c AS (UPDATE {n} SET {assign} "
+                f"WHERE id = ANY(ARRAY({candidates})) "
                 "RETURNING id, attempts, subscriber, event_id) "
                 f"SELECT c.id, c.attempts, c.subscriber, {event_columns} "
                 f"FROM c JOIN {e} e ON e.id = c.event_id ORDER BY c.id"

@@ -24,6 +24,7 @@ call returns.
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import threading
@@ -41,6 +42,8 @@ from ..subscribers import DeliveryContext, Handler
 from .batch import Batch
 from .outcomes import Outcomes
 from .retry import RetryPolicy
+
+logger = logging.getLogger("django.db.backends.base")
 
 #: Longest a group of handlers shares one transaction, in seconds (a group
 #: always runs at least one handler). Short enough that a group's locks and its
@@ -92,34 +95,53 @@ class _Runner:
         succeeded: list[int] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
         taken = 0
+        connection = connections[self.using]
+        after_commit = None  # the group's on_commit callbacks, when it sent nothing
         try:
             with transaction.atomic(using=self.using):
+                callbacks = len(connection.run_on_commit)
+                guard = _Guard(connection)
                 deadline = time.monotonic() + self.seconds
-                for context in contexts:
-                    if taken and (
-                        time.monotonic() >= deadline
-                        or self.stop.is_set()
-                        or self.batch.lease_may_have_run_out()
-                    ):
-                        break
-                    taken += 1
-                    error = self.policy.lease_ran_out(context.attempt)
-                    queried = False
-                    if error is None:
-                        error, queried = self._run_one(context)
-                    if error is None:
-                        succeeded.append(context.notification_id)
-                    else:
-                        failures.append((context, error))
-                    if queried:
-                        # Its locks are held until the commit: commit now, so no
-                        # lock outlives its handler (two workers' groups would
-                        # otherwise deadlock on an application's hot rows).
-                        break
-                # The compare-and-set of the whole group: it marks only rows
-                # still leased under this batch's token, and locks them until
-                # the commit; if one was taken over, it raises LeaseLost.
-                self.outcomes.succeeded(succeeded, all_or_none=True)
+                with connection.execute_wrapper(guard):
+                    for context in contexts:
+                        if taken and (
+                            time.monotonic() >= deadline
+                            or self.stop.is_set()
+                            or self.batch.lease_may_have_run_out()
+                        ):
+                            break
+                        taken += 1
+                        error = self.policy.lease_ran_out(context.attempt)
+                        queried = False
+                        if error is None:
+                            error, queried = self._run_one(context, guard)
+                        if error is None:
+                            succeeded.append(context.notification_id)
+                        else:
+                            failures.append((context, error))
+                        if queried:
+                            # Its locks are held until the commit: commit now,
+                            # so no lock outlives its handler (two workers'
+                            # groups would otherwise deadlock on an
+                            # application's hot rows).
+                            break
+                if guard.queried:
+                    # The compare-and-set of the whole group, in its
+                    # transaction: it marks only rows still leased under this
+                    # batch's token and locks them until the commit; if one
+                    # was taken over, it raises LeaseLost.
+                    self.outcomes.succeeded(succeeded, all_or_none=True)
+                else:
+                    # No handler queried: the transaction holds nothing (on
+                    # PostgreSQL it has not even begun), so the mark is sent
+                    # after it, alone, in autocommit, and the handlers'
+                    # on_commit callbacks run after the mark, as a commit
+                    # would run them.
+                    after_commit = connection.run_on_commit[callbacks:]
+                    del connection.run_on_commit[callbacks:]
+            if after_commit is not None:
+                self.outcomes.succeeded(succeeded)
+                _run_callbacks(after_commit)
         except LeaseLost:
             # A handler outran the lease and another relay claimed its row:
             # every write of the group is rolled back, the rows still held are
@@ -143,12 +165,14 @@ class _Runner:
             )
             self.outcomes.failed(context, error, retry_at)
 
-    def _run_one(self, context: DeliveryContext) -> tuple[Exception | None, bool]:
-        """Run the handler on one row in its own savepoint: (its error or None,
-        whether it queried the database)."""
+    def _run_one(
+        self, context: DeliveryContext, guard: _Guard
+    ) -> tuple[Exception | None, bool]:
+        """Run the handler on one row: (its error or None, whether it queried
+        the database)."""
         handler = self.handler
 
-        def call(guard: _Guard) -> None:
+        def call() -> None:
             event = event_for(context)
             with _time_limit(handler.timeout, guard) as timer:
                 handler.fn(event, context)
@@ -157,7 +181,7 @@ class _Runner:
                     f"handler ran longer than its timeout of {handler.timeout}s"
                 )
 
-        return _in_savepoint(connections[self.using], call)
+        return guard.run(call)
 
 
 def event_for(context: DeliveryContext) -> Any:
@@ -172,82 +196,103 @@ def event_for(context: DeliveryContext) -> Any:
     return decode(context.event_type, context.revision, context.payload)
 
 
-class _Guard:
-    """Shared by a handler's savepoint and its time limit: whether a database
-    call is in progress, and whether the time limit fell inside one."""
+def _run_callbacks(callbacks: list) -> None:
+    """Run ``transaction.on_commit`` callbacks as Django runs them after a
+    commit: in order; a ``robust`` one's exception is logged, not raised."""
+    for _, func, robust in callbacks:
+        if not robust:
+            func()
+            continue
+        try:
+            func()
+        except Exception as exc:
+            logger.error(
+                "Error calling %s in on_commit() (%s).",
+                getattr(func, "__qualname__", func),
+                exc,
+                exc_info=True,
+            )
 
-    def __init__(self, timeout: float | None):
-        self.timeout = timeout
+
+class _Guard:
+    """The execute wrapper of one group: each handler's savepoint, sent only
+    before its first query, and its time limit, deferred while a database call
+    is in progress.
+
+    :meth:`run` calls a handler as a nested ``transaction.atomic()`` would,
+    inside the group's transaction, but a handler that never touches this
+    database (an e-mail, a cache, an HTTP call) costs no round trip, which is
+    most of what a no-op handler costs otherwise (bench/RESULTS.md).
+    """
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.timeout: float | None = None
+        self.sid: str | None = None  # the running handler's savepoint
+        self.queried = False  # a handler of the group sent a query
         self.depth = 0  # database calls in progress (nested: a SAVEPOINT)
-        self.deferred = False  # the alarm went off during one
+        self.deferred = False  # the time limit went off during one
+
+    def __call__(self, execute, sql, params, many, context):
+        self.depth += 1
+        try:
+            if self.sid is None:
+                self.sid = ""  # the SAVEPOINT statement itself passes here
+                self.sid = self.connection.savepoint()
+                self.queried = True
+            return execute(sql, params, many, context)
+        finally:
+            self.depth -= 1
+            if self.deferred and not self.depth:
+                self.deferred = False
+                raise self.timed_out()
 
     def timed_out(self) -> HandlerTimeout:
         return HandlerTimeout(f"handler ran longer than its timeout of {self.timeout}s")
 
+    def run(self, fn: Callable[[], None]) -> tuple[Exception | None, bool]:
+        """Call ``fn()`` in a savepoint sent before its first query.
 
-def _in_savepoint(
-    connection, fn: Callable[[_Guard], None]
-) -> tuple[Exception | None, bool]:
-    """Call ``fn(guard)`` as a nested ``transaction.atomic()`` would, inside the
-    group's transaction, but send the SAVEPOINT only before ``fn``'s first query
-    on ``connection``: a handler that never touches this database (an e-mail, a
-    cache, an HTTP call) costs no round trip, which is most of what a no-op
-    handler costs otherwise (bench/RESULTS.md, benchmark 3).
+        Returns:
+            ``(error, queried)``. ``error`` is None when ``fn`` returned: its
+            writes stay in the group's transaction. It is ``fn``'s exception
+            when it raised or left the transaction marked for rollback: its
+            writes are rolled back and the ``on_commit`` callbacks it
+            registered dropped, as ``atomic()`` does. ``queried``: ``fn`` sent
+            a query.
 
-    Returns:
-        ``(error, queried)``. ``error`` is None when ``fn`` returned: its writes
-        stay in the group's transaction. It is ``fn``'s exception when it
-        raised or left the transaction marked for rollback: its writes are
-        rolled back and the ``on_commit`` callbacks it registered dropped, as
-        ``atomic()`` does. ``queried``: ``fn`` sent a query on ``connection``.
-
-    Raises:
-        django.db.DatabaseError: rolling back to the savepoint failed (the
-            connection broke); the group's transaction is lost.
-    """
-    callbacks = len(connection.run_on_commit)
-    guard = _Guard(None)
-    sid = None
-
-    def around_query(execute, sql, params, many, context):
-        nonlocal sid
-        guard.depth += 1
+        Raises:
+            django.db.DatabaseError: rolling back to the savepoint failed (the
+                connection broke); the group's transaction is lost.
+        """
+        connection = self.connection
+        callbacks = len(connection.run_on_commit)
+        self.sid = None
         try:
-            if sid is None:
-                sid = ""  # the SAVEPOINT statement itself passes through here
-                sid = connection.savepoint()
-            return execute(sql, params, many, context)
-        finally:
-            guard.depth -= 1
-            if guard.deferred and not guard.depth:
-                guard.deferred = False
-                raise guard.timed_out()
-
-    try:
-        with connection.execute_wrapper(around_query):
-            fn(guard)
-        if connection.needs_rollback:
-            raise DeliveryError(
-                "the handler left the transaction marked for rollback (a database "
-                "error caught inside atomic(), or transaction.set_rollback(True))"
-            )
-        if sid:
-            connection.savepoint_commit(sid)
-        return None, sid is not None
-    except Exception as exc:
-        error = exc
-    # As atomic() leaves a failed nested block: clear the flag, roll back to the
-    # savepoint; if that fails, the group's transaction is lost.
-    connection.needs_rollback = False
-    if sid:
-        try:
-            connection.savepoint_rollback(sid)
-            connection.savepoint_commit(sid)
-        except Exception:
-            connection.needs_rollback = True
-            raise
-    del connection.run_on_commit[callbacks:]
-    return error, sid is not None
+            fn()
+            if connection.needs_rollback:
+                raise DeliveryError(
+                    "the handler left the transaction marked for rollback (a "
+                    "database error caught inside atomic(), or "
+                    "transaction.set_rollback(True))"
+                )
+            if self.sid:
+                connection.savepoint_commit(self.sid)
+            return None, self.sid is not None
+        except Exception as exc:
+            error = exc
+        # As atomic() leaves a failed nested block: clear the flag, roll back
+        # to the savepoint; if that fails, the group's transaction is lost.
+        connection.needs_rollback = False
+        if self.sid:
+            try:
+                connection.savepoint_rollback(self.sid)
+                connection.savepoint_commit(self.sid)
+            except Exception:
+                connection.needs_rollback = True
+                raise
+        del connection.run_on_commit[callbacks:]
+        return error, self.sid is not None
 
 
 class _Timer:

@@ -26,8 +26,8 @@ from .. import registry
 from ..conf import outbox_settings
 from ..publishers.base import Publisher
 from ..subscribers import Handler, Kind, Subscriber
-from .batch import Batch, ClaimAhead
-from .fanout import fan_out
+from .batch import Batch, ClaimAhead, Fold
+from .fanout import fan_out, subscriptions_of
 from .handlers import run_handlers
 from .outcomes import Outcomes, RelayReport
 from .publishers import PublisherRunner, pauses
@@ -63,21 +63,20 @@ def relay_once(
     Returns:
         RelayReport with the counts.
     """
-    started = time.monotonic()
-    report = RelayReport(
-        fanned_out=fan_out(using=using, batch_size=batch_size, max_seconds=max_seconds)
-    )
-    remaining = (
-        None if max_seconds is None else max_seconds - (time.monotonic() - started)
-    )
-    report += deliver(
-        kind=kind,
-        using=using,
-        batch_size=batch_size,
-        max_seconds=remaining,
-        now=now,
-        stop=stop,
-    )
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    options = {"kind": kind, "using": using, "batch_size": batch_size, "now": now}
+    # Delivery fans out as it claims (unordered subscribers); what is left
+    # (events only ordered subscribers, or subscribers of the other kind,
+    # receive) is fanned out next, then delivered.
+    report = deliver(max_seconds=remaining(), stop=stop, **options)
+    fanned_out = fan_out(using=using, batch_size=batch_size, max_seconds=remaining())
+    report.fanned_out += fanned_out
+    if fanned_out and not (stop and stop.is_set()) and remaining() != 0:
+        report += deliver(max_seconds=remaining(), stop=stop, **options)
     return report
 
 
@@ -92,13 +91,17 @@ def deliver(
     worker: str | None = None,
     rng: random.Random | None = None,
     stop: threading.Event | None = None,
+    fold: bool = True,
 ) -> RelayReport:
     """Claim and deliver due notifications, batch by batch, until none is due or
     the time budget is spent.
 
     Subscribers take turns, a batch each, so one subscriber's backlog does not
     hold up the others. A publisher paused by an outage is skipped until its
-    probe succeeds.
+    probe succeeds. With ``fold``, an unordered subscriber's batch that is not
+    full is topped up from events not fanned out yet: fan-out and claim are
+    one step (:meth:`Batch.claim <outbox_app.delivery.batch.Batch.claim>`),
+    creating notifications for every subscriber this process has.
 
     Args:
         subscribers: whom to deliver for; default every subscriber of ``kind``.
@@ -114,9 +117,10 @@ def deliver(
         rng: randomness for backoff jitter (tests).
         stop: when set, claim no new batch; a handler batch releases the rows
             it has not attempted yet (due again at once, attempt taken back).
+        fold: fan out while claiming (see above).
 
     Returns:
-        RelayReport with the counts (``fanned_out`` is 0).
+        RelayReport with the counts.
 
     Raises:
         django.db.DatabaseError: the database failed outside a delivery (during
@@ -130,9 +134,15 @@ def deliver(
     report = RelayReport()
     ahead = ClaimAhead(using)
     runners = {s: PublisherRunner(s, rng) for s in chosen if isinstance(s, Publisher)}
+    folding = None
+    if fold:
+        known = registry.subscribers()
+        names = {s.name for s in known}
+        known += [s for s in chosen if s.name not in names]
+        folding = Fold(subscriptions_of(known))
 
     def claim(subscriber: Subscriber) -> Batch:
-        return Batch.claim(subscriber, using, batch_size, now, worker)
+        return Batch.claim(subscriber, using, batch_size, now, worker, folding)
 
     delivering = 0.0  # seconds the last batch took to deliver
     try:
@@ -149,6 +159,7 @@ def deliver(
                     runner.finish()
                     continue
                 batch = ahead.take(subscriber) or claim(subscriber)
+                report.fanned_out += batch.fanned_out
                 # A full batch may have more behind it; so may any batch of an
                 # ordered subscriber, which claims only each aggregate's head.
                 more = len(batch) == batch_size or (subscriber.ordered and len(batch))

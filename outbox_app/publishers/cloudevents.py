@@ -33,7 +33,10 @@ attribute either has a value or is absent.
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
+
+import orjson
 
 from ..subscribers import DeliveryContext
 
@@ -105,6 +108,25 @@ def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
         value = headers.get(key)
         envelope[attribute] = None if value is None else str(value)
     return {name: value for name, value in envelope.items() if value is not None}
+
+
+def body(context: DeliveryContext) -> bytes:
+    """The envelope of :func:`to_cloudevent` as compact UTF-8 JSON: the
+    message body publishers send.
+
+    Encoded with orjson (about 20x the standard library's ``json.dumps`` for
+    an envelope, bench/RESULTS.md); a payload orjson refuses (an integer
+    beyond 64 bits, which Python's ``json`` stores) falls back to the standard
+    library, so every stored payload is sent unchanged.
+
+    Raises:
+        ValueError: no event type (see :func:`to_cloudevent`).
+    """
+    envelope = to_cloudevent(context)
+    try:
+        return orjson.dumps(envelope)
+    except TypeError:
+        return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def rfc3339(moment: datetime.datetime) -> str:

@@ -19,7 +19,6 @@ counts as delivered.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import socket
 import string
@@ -36,8 +35,9 @@ from kombu.transport import pyamqp
 
 from ..exceptions import DeliveryError, PublisherUnavailable, UndeliverableMessage
 from ..subscribers import DeliveryContext
+from . import cloudevents
 from .base import COMMON_OPTIONS, Publisher
-from .cloudevents import CONTENT_TYPE, to_cloudevent
+from .cloudevents import CONTENT_TYPE
 
 DEFAULT_ROUTING_KEY = "{aggregate_type}.{event_type}"
 EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
@@ -255,9 +255,7 @@ class KombuPublisher(Publisher):
     # --- encoding -------------------------------------------------------------
 
     def _encode(self, context: DeliveryContext) -> tuple[bytes, str, str, str]:
-        body = json.dumps(
-            to_cloudevent(context), ensure_ascii=False, separators=(",", ":")
-        ).encode()
+        body = cloudevents.body(context)
         values = {}
         for field in self._key_fields:
             value = getattr(context, field)

@@ -10,7 +10,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from outbox_app.publishers.cloudevents import CONTENT_TYPE, rfc3339, to_cloudevent
+from outbox_app import events
+from outbox_app.publishers.cloudevents import (
+    CONTENT_TYPE,
+    body,
+    rfc3339,
+    to_cloudevent,
+)
 from outbox_app.subscribers import DeliveryContext
 
 EVENT_ID = uuid.UUID("0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10")
@@ -115,3 +121,26 @@ def test_time_is_rfc3339_utc():
 def test_a_sentinel_row_is_not_an_event():
     with pytest.raises(ValueError, match="no event type"):
         to_cloudevent(make(event_type=None))
+
+
+def test_the_body_is_the_envelope_as_compact_utf8_json():
+    context = make(payload={"name": "grüße", "n": 1})
+    assert json.loads(body(context)) == to_cloudevent(context)
+    assert "grüße".encode() in body(context)  # not \\u-escaped
+
+
+def test_a_payload_integer_beyond_64_bits_is_sent_unchanged():
+    huge = 2**70 + 1
+    assert json.loads(body(make(payload={"n": huge})))["data"] == {"n": huge}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": 1180591620717411303425}',  # beyond 64 bits: stays an int
+        '{"s": "\\ud800"}',  # a lone surrogate, which Python's json keeps
+        '{"a": [1.5, true, null, "x"], "b": {"c": -3}}',
+    ],
+)
+def test_stored_json_is_read_as_the_standard_library_reads_it(text):
+    assert events.loads(text) == json.loads(text)
