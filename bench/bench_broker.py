@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import decimal
-import json
 import os
 import statistics
 import time
@@ -38,27 +37,21 @@ import django
 
 django.setup()
 
-import amqp  # noqa: E402
-import pika  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import summarize, vacuum, without_claim_ahead  # noqa: E402
+from bench import context_for, rabbit, summarize, vacuum, without_claim_ahead  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
-from outbox_app.fanout import fan_out  # noqa: E402
-from outbox_app.publishers.cloudevents import CONTENT_TYPE, to_cloudevent  # noqa: E402
+from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
-from outbox_app.relay import context_for, deliver  # noqa: E402
 from outbox_app.states import State  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
-URL = "amqp://guest:guest@127.0.0.1:5672//"
 EXCHANGE = QUEUE = "outbox-bench-broker"
-WINDOW = 1000
 
 
-def prepare(events: int, publisher: KombuPublisher) -> list[tuple[bytes, str, str]]:
+def prepare(events: int, publisher: KombuPublisher) -> list[rabbit.Message]:
     """Commit ``events`` events, fan them out; return their encoded messages."""
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
@@ -74,14 +67,8 @@ def prepare(events: int, publisher: KombuPublisher) -> list[tuple[bytes, str, st
     vacuum()
     fan_out(subscribers=[publisher], batch_size=1000)
     vacuum()
-    messages = []
-    for row in Notification.objects.select_related("event").iterator(chunk_size=2000):
-        context = context_for(row)
-        body = json.dumps(
-            to_cloudevent(context), ensure_ascii=False, separators=(",", ":")
-        ).encode()
-        messages.append((body, str(context.event_id), "testapp.Order.OrderPlaced"))
-    return messages
+    rows = Notification.objects.select_related("event").iterator(chunk_size=2000)
+    return [rabbit.encode(context_for(row.event, row)) for row in rows]
 
 
 def undeliver() -> None:
@@ -99,109 +86,7 @@ def undeliver() -> None:
 
 def purge() -> None:
     """Declare the exchange and queue (as the publisher's DECLARE does); empty it."""
-    with amqp.Connection("127.0.0.1:5672") as conn:
-        channel = conn.channel()
-        channel.exchange_declare(EXCHANGE, "topic", durable=True, auto_delete=False)
-        channel.queue_declare(QUEUE, durable=True, auto_delete=False)
-        channel.queue_bind(QUEUE, EXCHANGE, "#")
-        channel.queue_purge(QUEUE)
-
-
-def raw_amqp(messages: list[tuple[bytes, str, str]]) -> float:
-    purge()
-    conn = amqp.Connection("127.0.0.1:5672")
-    conn.connect()
-    channel = conn.channel()
-    channel.confirm_select()
-    acked = 0
-
-    def on_ack(tag, multiple):
-        nonlocal acked
-        acked = tag  # tags count 1, 2, 3, ...; acks arrive in order here
-
-    channel.events["basic_ack"].add(on_ack)
-    started = time.perf_counter()
-    for sent, (body, message_id, key) in enumerate(messages, 1):
-        channel.basic_publish(
-            amqp.Message(
-                body,
-                content_type=CONTENT_TYPE,
-                content_encoding="utf-8",
-                delivery_mode=2,
-                message_id=message_id,
-                type="OrderPlaced",
-            ),
-            exchange=EXCHANGE,
-            routing_key=key,
-            mandatory=True,
-        )
-        while sent - acked >= WINDOW:
-            conn.drain_events(timeout=10)
-    while acked < len(messages):
-        conn.drain_events(timeout=10)
-    elapsed = time.perf_counter() - started
-    conn.close()
-    return len(messages) / elapsed
-
-
-def raw_pika(messages: list[tuple[bytes, str, str]]) -> float:
-    purge()
-    state = {"sent": 0, "acked": 0, "started": 0.0, "elapsed": 0.0}
-    properties = [
-        pika.BasicProperties(
-            content_type=CONTENT_TYPE,
-            content_encoding="utf-8",
-            delivery_mode=2,
-            message_id=message_id,
-            type="OrderPlaced",
-        )
-        for _, message_id, _ in messages
-    ]
-
-    def fill(channel):
-        while state["sent"] < len(messages) and state["sent"] - state["acked"] < WINDOW:
-            body, _, key = messages[state["sent"]]
-            channel.basic_publish(
-                EXCHANGE, key, body, properties[state["sent"]], mandatory=True
-            )
-            state["sent"] += 1
-
-    def on_confirm(frame, channel=None):
-        method = frame.method
-        if isinstance(method, pika.spec.Basic.Nack):
-            raise RuntimeError("nack")
-        state["acked"] = method.delivery_tag
-        if state["acked"] >= len(messages):
-            state["elapsed"] = time.perf_counter() - state["started"]
-            connection_.close()
-        else:
-            fill(channel_[0])
-
-    channel_: list = []
-
-    def on_channel(channel):
-        channel_.append(channel)
-
-        def on_select(_frame):
-            state["started"] = time.perf_counter()
-            fill(channel)
-
-        channel.confirm_delivery(on_confirm, callback=on_select)
-
-    def on_open_error(connection, error):
-        connection.ioloop.stop()
-        raise RuntimeError(f"pika could not connect: {error}")
-
-    connection_ = pika.SelectConnection(
-        # pika reads the vhost of "amqp://...//" as "", not "/": its defaults
-        # (guest on 127.0.0.1:5672, vhost "/") are the same broker as URL.
-        pika.ConnectionParameters("127.0.0.1", 5672),
-        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-        on_open_error_callback=on_open_error,
-        on_close_callback=lambda connection, reason: connection.ioloop.stop(),
-    )
-    connection_.ioloop.start()
-    return len(messages) / state["elapsed"]
+    rabbit.declare(EXCHANGE, QUEUE)
 
 
 def outbox(events: int, publisher: KombuPublisher, batch_size: int) -> float:
@@ -222,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     publisher = KombuPublisher(
-        "bench-broker", {"URL": URL, "EXCHANGE": EXCHANGE, "DECLARE": [QUEUE]}
+        "bench-broker", {"URL": rabbit.URL, "EXCHANGE": EXCHANGE, "DECLARE": [QUEUE]}
     )
     rates: dict[str, list[float]] = {
         "raw py-amqp": [],
@@ -238,8 +123,10 @@ def main() -> None:
             )
         undeliver()
         rates["outbox_app"].append(outbox(args.events, publisher, args.batch_size))
-        rates["raw py-amqp"].append(raw_amqp(messages))
-        rates["raw pika"].append(raw_pika(messages))
+        purge()
+        rates["raw py-amqp"].append(rabbit.raw_amqp(messages, EXCHANGE))
+        purge()
+        rates["raw pika"].append(rabbit.raw_pika(messages, EXCHANGE))
         print(
             f"round {round_ + 1}: "
             + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()),
@@ -249,7 +136,7 @@ def main() -> None:
     base = max(medians["raw py-amqp"], medians["raw pika"])
     print(
         f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
-        f"batch size {args.batch_size}, confirm window {WINDOW}"
+        f"batch size {args.batch_size}, confirm window {rabbit.WINDOW}"
     )
     summarize(
         medians,
@@ -261,10 +148,7 @@ def main() -> None:
     )
     Notification.objects.all().delete()
     OutboxEvent.objects.all().delete()
-    with amqp.Connection("127.0.0.1:5672") as conn:
-        channel = conn.channel()
-        channel.queue_delete(QUEUE)
-        channel.exchange_delete(EXCHANGE)
+    rabbit.delete(EXCHANGE, QUEUE)
     publisher.close()
 
 

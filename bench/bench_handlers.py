@@ -8,7 +8,8 @@ Per round, on the same database, interleaved:
 * **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
   ``--events`` committed events, batches of ``--batch-size``: what one
   ``manage.py relay`` process does. Handlers share one transaction per group
-  (``relay.GROUP_SECONDS``), each in a savepoint, one UPDATE marks the group.
+  (``outbox_app.delivery.handlers.GROUP_SECONDS``), each in a savepoint, one
+  UPDATE marks the group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
   connection (``bench.without_claim_ahead``);
 * **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
@@ -42,12 +43,13 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import summarize, vacuum, without_claim_ahead  # noqa: E402
-from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
+from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.db import lock_skipping_locked  # noqa: E402
+from outbox_app.delivery import deliver, fan_out  # noqa: E402
+from outbox_app.delivery import handlers as delivery_handlers  # noqa: E402
 from outbox_app.events import decode  # noqa: E402
-from outbox_app.fanout import fan_out  # noqa: E402
-from outbox_app.registry import Handler  # noqa: E402
 from outbox_app.states import State  # noqa: E402
+from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
 seen = 0
@@ -84,18 +86,18 @@ def outbox(events: int, batch_size: int) -> tuple[float, float]:
     started = time.perf_counter()
     fanned = fan_out(subscribers=[HANDLER], batch_size=batch_size)
     fanned_at = time.perf_counter()
-    report = relay.deliver([HANDLER], batch_size=batch_size)
+    report = deliver([HANDLER], batch_size=batch_size)
     elapsed = time.perf_counter() - started
     assert fanned == events and report.succeeded == events == seen, report
     return events / elapsed, fanned_at - started
 
 
 def one_commit_per_notification(events: int, batch_size: int) -> float:
-    group, relay.GROUP_SECONDS = relay.GROUP_SECONDS, 0
+    group, delivery_handlers.GROUP_SECONDS = delivery_handlers.GROUP_SECONDS, 0
     try:
         return outbox(events, batch_size)[0]
     finally:
-        relay.GROUP_SECONDS = group
+        delivery_handlers.GROUP_SECONDS = group
 
 
 def one_row_per_transaction(events: int) -> float:

@@ -9,9 +9,10 @@ The publisher (this process) commits one ``publish()`` per transaction at
 ``--rate`` events/s and records ``time.time()`` right after the atomic block
 exits. The relay runs in a separate process (``RelayWorker(kind="handler")``,
 this module with ``--relay``), where a benchmark handler, registered only there,
-appends ``seq start_time`` to a file (path ``handler``), or a ``KombuPublisher``
-to RabbitMQ (``--broker``, persistent messages, publisher confirms) records when
-its batch's confirms are in (path ``broker``). Modes: ``notify`` (PostgreSQL
+appends ``event_id start_time`` to a file (path ``handler``), or a
+``KombuPublisher`` to RabbitMQ (``--broker``, persistent messages, publisher
+confirms; ``bench.benchapp.publishers.ConfirmTimes``) records when its batch's
+confirms are collected (path ``broker``). Modes: ``notify`` (PostgreSQL
 LISTEN/NOTIFY wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up
 receiver disconnected in the publisher: the relay finds events by its adaptive
 poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL``).
@@ -37,26 +38,12 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from bench import percentile  # noqa: E402
 from outbox_app import Notification, OutboxEvent, handler, publish  # noqa: E402
-from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
 
 EVENT_TYPE = "bench1.Ping"
 QUEUE = "outbox-bench-latency"
-
-
-class ConfirmTimes(KombuPublisher):
-    """KombuPublisher that appends ``seq confirm_time`` to ``$BENCH_LATENCY_LOG``
-    for every message of a batch once ``send_batch`` has its confirms."""
-
-    def send_batch(self, contexts):
-        outcomes = list(super().send_batch(contexts))
-        confirmed = time.time()
-        with open(os.environ["BENCH_LATENCY_LOG"], "a") as out:
-            for context, outcome in zip(contexts, outcomes, strict=True):
-                if outcome is None:
-                    out.write(f"{context.payload['seq']} {confirmed}\n")
-        return outcomes
 
 
 def relay(log: str, path: str) -> None:
@@ -70,14 +57,13 @@ def relay(log: str, path: str) -> None:
         @handler(EVENT_TYPE, name="bench1-latency")
         def record(event, context) -> None:
             started = time.time()
-            seq = event["seq"] if isinstance(event, dict) else event.payload["seq"]
-            out.write(f"{seq} {started}\n")
+            out.write(f"{context.event_id} {started}\n")
 
     print("ready", flush=True)
     RelayWorker(kind="handler" if path == "handler" else "publisher").run()
 
 
-def publish_steady(count: int, rate: float) -> dict[int, float]:
+def publish_steady(count: int, rate: float) -> dict[str, float]:
     committed = {}
     began = time.perf_counter()
     for seq in range(count):
@@ -85,8 +71,8 @@ def publish_steady(count: int, rate: float) -> dict[int, float]:
         if delay > 0:
             time.sleep(delay)
         with transaction.atomic():
-            publish({"event_type": EVENT_TYPE, "payload": {"seq": seq}})
-        committed[seq] = time.time()
+            (row,) = publish({"event_type": EVENT_TYPE, "payload": {"seq": seq}})
+        committed[str(row.id)] = time.time()
     return committed
 
 
@@ -101,7 +87,7 @@ def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
     publishers = {
         "bench-latency": {
-            "BACKEND": "bench.bench_latency.ConfirmTimes",
+            "BACKEND": "bench.benchapp.publishers.ConfirmTimes",
             "URL": broker,
             "EXCHANGE": QUEUE,
             "ROUTING_KEY": "{event_type}",
@@ -115,7 +101,7 @@ def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list
         env={
             **os.environ,
             "OUTBOX_TEST_CONN_MAX_AGE": "0",
-            "BENCH_LATENCY_LOG": str(log),
+            "BENCH_CONFIRM_FILE": str(log),
             "OUTBOX_TEST_PUBLISHERS": json.dumps(
                 publishers if path == "broker" else {}
             ),
@@ -133,19 +119,15 @@ def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list
     child.wait(30)
     started = {}
     for line in log.read_text().splitlines():
-        seq, at = line.split()
-        started.setdefault(int(seq), float(at))  # first delivery (at-least-once)
+        event_id, at = line.split()
+        started.setdefault(event_id, float(at))  # first delivery (at-least-once)
     assert len(started) == count, (len(started), count)
     if path == "broker":
         from kombu import Connection
 
         with Connection(broker) as amqp:
             amqp.default_channel.queue_delete(QUEUE)
-    return sorted((started[s] - committed[s]) * 1e3 for s in range(count))
-
-
-def percentile(sorted_ms: list[float], p: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * p))]
+    return sorted((started[e] - at) * 1e3 for e, at in committed.items())
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from outbox_app.publishers import kombu as kombu_module
 from outbox_app.publishers.cloudevents import CONTENT_TYPE
 from outbox_app.publishers.kombu import KombuPublisher
-from outbox_app.registry import DeliveryContext
+from outbox_app.subscribers import DeliveryContext
 
 real_corked = kombu_module._corked
 

@@ -32,11 +32,11 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench import context_for  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.db import lock_skipping_locked  # noqa: E402
-from outbox_app.fanout import fan_out  # noqa: E402
+from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
-from outbox_app.relay import deliver  # noqa: E402
 from outbox_app.states import State  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
@@ -79,7 +79,8 @@ def one_row_per_transaction(events: int, publisher: Publisher) -> float:
             row = lock_skipping_locked(due.select_related("event")).first()
             if row is None:
                 break
-            publisher.send_batch([row])
+            outcome = publisher.send_batch([context_for(row.event, row)])
+            assert outcome == [None], outcome
             Notification.objects.filter(id=row.id).update(
                 state=State.SUCCEEDED, completed_at=timezone.now(), attempts=1
             )

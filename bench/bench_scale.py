@@ -6,10 +6,11 @@
 History (SUCCEEDED notifications and their delivered events) is generated in the
 database (``generate_series`` on PostgreSQL, the ``seq_1_to_N`` sequence table on
 MariaDB). 2,000 due PENDING rows of the benchmark subscriber sit on top. A claim
-is ``Notification.objects.for_subscribers([...]).claim(limit=100, ...)``, the
-relay's; 10 claims take 1,000 rows, then the rows are put back (outside the
-clock). Unordered and ordered (each aggregate's head) claims are measured. The
-history grows from ``--small`` to ``--large`` rows between the two phases; the
+is ``Gateway().claim([subscriber], limit=100, ...)``
+(``outbox_app.delivery.gateway``: the relay's claim, rows and payloads read);
+10 claims take 1,000 rows, then the rows are put back (outside the clock).
+Unordered and ordered (each aggregate's head) claims are measured. The history
+grows from ``--small`` to ``--large`` rows between the two phases; the
 ratio is large / small, goal <= 1.3 on PostgreSQL.
 """
 
@@ -86,15 +87,23 @@ def claims(ordered: bool, passes: int) -> list[float]:
     """Seconds per claim of 100 rows."""
     from django.utils import timezone
 
+    from outbox_app.delivery.gateway import Gateway
+
+    gateway = Gateway()
     times = []
     for _ in range(passes):
         for _ in range(DUE // 200):
             began = time.perf_counter()
-            _, ids = Notification.objects.for_subscribers([SUBSCRIBER]).claim(
-                limit=100, lease_seconds=60, worker="bench1", ordered=ordered
+            _, claimed = gateway.claim(
+                [SUBSCRIBER],
+                limit=100,
+                lease_seconds=60,
+                worker="bench1",
+                now=timezone.now(),
+                ordered=ordered,
             )
             times.append(time.perf_counter() - began)
-            assert len(ids) == 100, len(ids)
+            assert len(claimed) == 100, len(claimed)
         Notification.objects.filter(subscriber=SUBSCRIBER, state="RUNNING").update(
             state="PENDING",
             lease_token=None,
@@ -166,6 +175,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=20)
     parser.add_argument("--plot", default=f"bench_scale_{connection.vendor}")
     parser.add_argument("--rss", help="event counts to drain, e.g. 100000,300000")
+    parser.add_argument("--rss-plot", default=f"bench_rss_{connection.vendor}")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     if args.rss:
@@ -173,7 +183,7 @@ def main() -> None:
         from bench.plot import bars
 
         bars(
-            f"bench_rss_{connection.vendor}",
+            args.rss_plot,
             f"Relay peak RSS draining N events on {connection.vendor} (goal < 150 MB)",
             "MB (VmHWM)",
             [f"{n:,}" for n in peaks],

@@ -1,54 +1,32 @@
-"""Where benchmark 3's time goes: each statement of fan-out and delivery timed.
+"""Where benchmark 3's time goes: each stage of fan-out and delivery timed.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench \\
         .venv/bin/python -m bench.profile_handlers [--events 50000]
 
 ``--events`` committed events, then ``fan_out()`` and ``deliver()`` to a no-op
-handler, batches of 500, on one connection (claim-ahead off, so every statement
-passes this connection's ``execute_wrapper``). Prints the two stages' wall
-times and, per kind of statement, how many ran and the time in them; the
-remainder of each stage is commits and Python.
+handler, batches of 500, as ``bench.bench_handlers.outbox`` runs them (the
+next batch claimed ahead on a second connection). Each stage is wrapped in a
+wall-clock timer (``bench.Stopwatch``): ``Gateway.fan_out`` (one statement per
+batch on PostgreSQL), ``Batch.claim`` / ``Gateway.claim`` (claim and read the
+rows, mostly on the claim-ahead thread), ``ClaimAhead.take`` (the wait for
+it), ``run_handlers`` (a batch's groups: savepoint-free handler calls, then
+``Gateway.succeed`` marking each group), ``Gateway.renew`` and the commits.
+Prints the two stages' wall times and, per stage, calls, seconds and
+microseconds per event; nested stages are counted in their parent too.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import time
 
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 
-from bench import bench_handlers, without_claim_ahead  # sets Django up
-from outbox_app import relay
-from outbox_app.fanout import fan_out
-
-spent: collections.defaultdict[str, float] = collections.defaultdict(float)
-runs: collections.Counter[str] = collections.Counter()
-
-
-def kind(sql: str) -> str:
-    """A short name for a statement of fan-out or delivery."""
-    verb = sql.split(None, 1)[0]
-    if verb == "INSERT":
-        return "INSERT ... SELECT (notifications)"
-    if verb == "SELECT":
-        if "FOR UPDATE" in sql:
-            return "SELECT ... FOR UPDATE (fan-out or claim)"
-        return "SELECT (claimed rows with their events)"
-    if verb == "UPDATE":
-        table = sql.split('"')[1]
-        return f"UPDATE {table}"
-    return verb
-
-
-def timer(execute, sql, params, many, context):
-    began = time.perf_counter()
-    try:
-        return execute(sql, params, many, context)
-    finally:
-        spent[kind(sql)] += time.perf_counter() - began
-        runs[kind(sql)] += 1
+from bench import Stopwatch, bench_handlers  # bench_handlers sets Django up
+from outbox_app.delivery import deliver, fan_out, handlers, loop
+from outbox_app.delivery.batch import Batch, ClaimAhead
+from outbox_app.delivery.gateway import Gateway
 
 
 def main() -> None:
@@ -57,23 +35,30 @@ def main() -> None:
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     bench_handlers.prepare(args.events)
-    with connection.execute_wrapper(timer), without_claim_ahead():
-        began = time.perf_counter()
-        fan_out(subscribers=[bench_handlers.HANDLER], batch_size=500)
-        fanned = time.perf_counter()
-        report = relay.deliver([bench_handlers.HANDLER], batch_size=500)
-        ended = time.perf_counter()
+    watch = Stopwatch()
+    watch.wrap(Gateway, "fan_out", "Gateway.fan_out")
+    watch.wrap(Batch, "claim", "Batch.claim (claim + read)")
+    watch.wrap(Gateway, "claim", "  Gateway.claim")
+    watch.wrap(ClaimAhead, "take", "ClaimAhead.take (waiting for the claim-ahead)")
+    # deliver() calls run_handlers by its name in the loop module.
+    watch.wrap(loop, "run_handlers", "run_handlers, of which:")
+    watch.wrap(handlers, "event_for", "  decode the event (event_for)")
+    watch.wrap(Gateway, "succeed", "  Gateway.succeed (a group's UPDATE)")
+    watch.wrap(Gateway, "renew", "  Gateway.renew")
+    watch.wrap(type(connections["default"]), "commit", "COMMIT (any)")
+    began = time.perf_counter()
+    fanned = fan_out(subscribers=[bench_handlers.HANDLER], batch_size=500)
+    middle = time.perf_counter()
+    report = deliver([bench_handlers.HANDLER], batch_size=500)
+    ended = time.perf_counter()
+    assert fanned == report.succeeded == args.events, (fanned, report)
     print(
         f"database: {connection.vendor}, {args.events:,} events: fan-out "
-        f"{fanned - began:.2f} s ({args.events / (fanned - began):,.0f}/s), "
-        f"delivery {ended - fanned:.2f} s "
-        f"({report.succeeded / (ended - fanned):,.0f}/s)"
+        f"{middle - began:.2f} s ({args.events / (middle - began):,.0f}/s), "
+        f"delivery {ended - middle:.2f} s "
+        f"({report.succeeded / (ended - middle):,.0f}/s)"
     )
-    for name, seconds in sorted(spent.items(), key=lambda item: -item[1]):
-        print(
-            f"{name:45} {runs[name]:6} x {seconds / runs[name] * 1e3:6.2f} ms "
-            f"= {seconds:6.2f} s"
-        )
+    watch.report(ended - began, args.events)
 
 
 if __name__ == "__main__":

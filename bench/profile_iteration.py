@@ -28,9 +28,9 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from outbox_app import Notification, OutboxEvent, publish, relay  # noqa: E402
-from outbox_app.fanout import fan_out  # noqa: E402
-from outbox_app.registry import Handler  # noqa: E402
+from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app.delivery import deliver, fan_out  # noqa: E402
+from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
 HANDLER = Handler(
@@ -75,11 +75,11 @@ def main() -> None:
             began = time.perf_counter()
             fan_out(subscribers=[HANDLER])
             fanned = time.perf_counter()
-            relay.deliver([HANDLER])
+            deliver([HANDLER])
             delivered = time.perf_counter()
             used = count
             fan_out(subscribers=[HANDLER])
-            relay.deliver([HANDLER])
+            deliver([HANDLER])
             ended = time.perf_counter()
         if round_ >= WARM_UP:
             steps["fan_out()"].append((fanned - began) * 1e3)

@@ -9,8 +9,8 @@ instead of 500: ~12x the throughput of waiting for each confirm
 before it collects this one's confirms, so the broker always has a batch to
 persist. kombu's ``Producer`` with ``confirm_publish`` waits message by
 message, so this module works on the py-amqp channel underneath kombu. While a
-batch is written the socket is corked (Linux ``TCP_CORK``), so the broker
-reads full segments rather than one packet per message.
+batch's frames are written with one system call, so the broker reads full
+segments rather than one packet per message.
 
 Other transports have no confirms: a publish that returns without an error
 counts as delivered.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import string
 import time
 from collections import defaultdict, deque
@@ -286,6 +285,17 @@ class KombuPublisher(Publisher):
                 channel = raw.channel()
                 self._declare(channel)
                 channel.confirm_select()
+            # py-amqp reads the socket before every publish when the broker may
+            # send connection.blocked (four system calls a message); the relay
+            # reads what the broker sent, blocked notices included, when it
+            # collects the confirms, and a blocked broker shows as a confirm
+            # timeout. So the per-message read is switched off.
+            capabilities = dict(raw.client_properties.get("capabilities", {}))
+            capabilities["connection.blocked"] = False
+            raw.client_properties = {
+                **raw.client_properties,
+                "capabilities": capabilities,
+            }
             self._channel, self._next_tag = channel, 1
         else:
             channel = connection.channel()
@@ -358,11 +368,13 @@ class KombuPublisher(Publisher):
         channel.events["basic_return"].add(confirms.on_return)
         flight.confirms, flight.connection = confirms, raw
         flight.deadline = time.monotonic() + self.confirm_timeout
+        transport = raw.transport
+        frames = bytearray()
         try:
-            with (
-                raw.transport.having_timeout(self.confirm_timeout),
-                _corked(raw.transport.sock),
-            ):
+            # The batch's frames are gathered in memory and written with one
+            # system call: py-amqp writes each message on its own.
+            transport._write, direct = frames.extend, transport._write
+            try:
                 for _, body, key, message_id, event_type in ready:
                     message = amqp.Message(
                         body,
@@ -379,6 +391,10 @@ class KombuPublisher(Publisher):
                         mandatory=True,
                     )
                     self._next_tag += 1
+            finally:
+                transport._write = direct
+            with transport.having_timeout(self.confirm_timeout):
+                transport.write(frames)
         except Exception as exc:
             self._drop()
             confirms.fail_waiting(self._lost(exc))
@@ -509,22 +525,6 @@ class _Confirms:
             if outcome is _PENDING:
                 self.outcomes[index] = self.returned.get(index, error)
         self.waiting = 0
-
-
-@contextlib.contextmanager
-def _corked(sock):
-    """Coalesce the batch's writes into full TCP segments (Linux ``TCP_CORK``)
-    instead of one packet, and one broker wake-up, per message."""
-    cork = getattr(socket, "TCP_CORK", None)
-    if cork is None:
-        yield
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, cork, 1)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, cork, 0)  # sends the rest now
 
 
 def _error(

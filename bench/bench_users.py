@@ -1,0 +1,654 @@
+"""Issue 12: every figure measured the way users run the product: the real
+``python -m django relay`` process of a fresh project with DEFAULT settings
+(``bench/settings.py``: only the database, the apps, the namespace and, when a
+figure needs one, a RabbitMQ publisher), process start included, against a
+baseline measured in the same run. PostgreSQL first; MariaDB and SQLite beside.
+
+Commands (``outbox_bench`` databases: ``createdb -h 127.0.0.1 -U postgres
+outbox_bench``; ``mysql -h 127.0.0.1 -uroot -e "CREATE DATABASE outbox_bench
+CHARACTER SET utf8mb4"``)::
+
+    PG=postgres://postgres@127.0.0.1:5432/outbox_bench
+    MARIADB=mysql://root@127.0.0.1:3306/outbox_bench
+    SQLITE=sqlite:////tmp/outbox_bench.sqlite3
+    # a) relay --once to RabbitMQ, 20,000 events
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users broker \\
+        --events 20000 --plot bench_users_broker_postgresql
+    # b) relay --once, one no-op handler, 50,000 events
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users handlers \\
+        --events 50000 --plot bench_users_handlers_postgresql
+    # c) latency at 200 events/s, 3,000 events per path
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users latency \\
+        --events 3000 --plot bench_users_latency_postgresql
+    # d) publish() overhead: bench/bench_overhead.py (tests' settings)
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users overhead \\
+        --plot bench_overhead_postgresql
+    # e) a 300 s RabbitMQ outage under a 5 events/s writer (no baseline)
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users outage --outage 300
+    # the same figures beside: DATABASE_URL=$MARIADB ..., DATABASE_URL=$SQLITE ...
+    # (plot names ending _mariadb, _sqlite)
+
+Every figure prints the outbox_app figure, its baseline, the ratio and the
+goal; medians over ``--rounds`` (default 3) for a) and b). The machine is
+noisy: read the ratios. ``--plot NAME`` saves bench/NAME.png.
+
+**a) broker.** ``--events`` ``OrderPlaced`` events published with
+``outbox_app.publish`` in transactions of 1,000 and NOT fanned out (fan-out is
+the relay's work), then ``relay --once`` with a default ``KombuPublisher``
+(``OUTBOX_PUBLISHERS`` from ``$BENCH_PUBLISHERS``: exchange and durable queue
+``outbox-bench-users`` bound with ``#``; persistent messages, publisher
+confirms), timed from spawn to exit: events/s. A second variant adds
+``--batch-size 500``. Baselines in the same round, on the same events' CloudEvents
+bodies encoded beforehand, no database: raw pika (``SelectConnection`` +
+``confirm_delivery``) and raw py-amqp, 1,000 messages in flight
+(``bench/rabbit.py``). The queue is purged before each run and holds exactly
+``--events`` messages after it. Goal: relay >= 0.8x raw pika.
+
+**b) handlers.** ``--events`` events published, not fanned out; ``relay
+--once`` with one no-op in-process handler (``BENCH_NOOP_HANDLER=1``),
+deliveries/s from spawn to exit. Baseline: a bare loop on the database driver
+(``bench/bare.py``: psycopg, MySQLdb or sqlite3, no Django) over its own copy
+of ``--events`` PENDING notification rows of the same events (stored under
+subscriber ``bench.baseline``): per transaction claim 500 due rows with
+``FOR UPDATE SKIP LOCKED`` (PostgreSQL: one ``UPDATE ... RETURNING`` in a CTE
+joined to the events' payload; MariaDB: ``SELECT ... FOR UPDATE SKIP LOCKED``
+joined to the payload, then ``UPDATE``; SQLite: ``UPDATE ... RETURNING id,
+event_id`` then the payloads by id), a no-op per row on the decoded payload,
+one ``UPDATE`` to SUCCEEDED, commit; until a claim is empty. Goals: >= 0.5x
+the loop and >= 5,000/s.
+
+**c) latency.** ``relay`` (no ``--once``) with defaults in its own process
+(PostgreSQL: LISTEN/NOTIFY wake-ups; elsewhere the adaptive poll), warmed up
+with a few events; this process then commits one ``publish()`` per transaction
+at a steady ``--rate`` (200/s), ``--events`` times, recording ``time.time()``
+in an on-commit hook registered before ``publish()``'s own (so right after
+COMMIT, before the NOTIFY). Paths: *handler*: ``time.time()`` at the start of
+a handler (``BENCH_LATENCY_FILE``); *confirm*: a ``KombuPublisher`` subclass
+(``bench.benchapp.publishers.ConfirmTimes``) records the time its ``collect()``
+returns the broker's confirms. Baseline (PostgreSQL only): the floor of the
+wake-up, commit -> a bare psycopg process blocked in LISTEN on the relays'
+channel receives the notification. Prints p50/p90/p99/max in ms; goals:
+handler p50 <= 5 ms and p99 <= 25 ms, confirm p50 <= 8 ms.
+
+**d) publish() overhead** is ``bench/bench_overhead.py`` (publish() of 1 and 5
+events in a minimal transaction against a raw INSERT of the same rows); the
+``overhead`` subcommand runs it with the arguments given after it.
+
+**e) outage.** The relay (no ``--once``, defaults) publishes to RabbitMQ
+through a loopback TCP proxy (``tests/brokers/proxy.py``); a writer thread publishes
+``--rate`` (5) events/s throughout. After ``--before`` seconds the proxy is cut
+(connections dropped, new ones refused) for ``--outage`` seconds (300), then
+restored. Reports the events published during the outage, the time from the
+restore until every event committed before it is SUCCEEDED, EXPIRED rows (goal
+0), attempts of the delivered rows (goal: 1 each, no attempt counted for the
+outage), duplicates in the queue, and the relay's log lines about the pause
+("paused" / "resumed"). No baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# The relay processes and this one must define the same event class.
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, connections, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from bench import bare, context_for, percentile, rabbit, summarize, vacuum  # noqa: E402
+from bench.benchapp.events import OrderPlaced  # noqa: E402
+from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app.models import SubscriberPause  # noqa: E402
+from outbox_app.states import State  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EXCHANGE = QUEUE = "outbox-bench-users"
+PUBLISHER = "rabbitmq"
+FLOOR = "wake-up floor"
+VENDOR = {"postgresql": "PostgreSQL", "mysql": "MariaDB", "sqlite": "SQLite"}[
+    connection.vendor
+]
+
+
+# --- the relay process -----------------------------------------------------------
+
+
+def relay_command(*args: str) -> list[str]:
+    """``python -m django relay ARGS`` of the fresh project (cwd: the repo)."""
+    return [
+        sys.executable,
+        "-m",
+        "django",
+        "relay",
+        *args,
+        "--settings",
+        "bench.settings",
+    ]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment (``DATABASE_URL`` included), without any ``BENCH_*``
+    switch or settings module but those given."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("BENCH_") and k != "DJANGO_SETTINGS_MODULE"
+    }
+    return {**env, **extra}
+
+
+def publishers(url: str = rabbit.URL, backend: str | None = None) -> str:
+    """``$BENCH_PUBLISHERS``: one KombuPublisher to the benchmark queue."""
+    options = {"URL": url, "EXCHANGE": EXCHANGE, "DECLARE": [QUEUE]}
+    if backend:
+        options["BACKEND"] = backend
+    return json.dumps({PUBLISHER: options})
+
+
+def relay_once(expected: int, *args: str, **env: str) -> float:
+    """Run ``relay --once ARGS`` to its exit; seconds from spawn to exit.
+    Checks that it delivered ``expected`` notifications."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        relay_command("--once", *args),
+        cwd=ROOT,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+    )
+    elapsed = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(f"relay failed ({done.returncode}):\n{done.stderr}")
+    summary = re.search(r"^delivered (\d+).*", done.stdout, re.MULTILINE)
+    assert summary and int(summary[1]) == expected, done.stdout[-500:]
+    return elapsed
+
+
+def start_up(**env: str) -> float:
+    """Seconds of ``relay --once`` over empty tables: process start, Django
+    set-up, connections, one empty iteration (part of every figure)."""
+    reset()
+    return relay_once(0, **env)
+
+
+# --- the data --------------------------------------------------------------------
+
+
+def reset() -> None:
+    """Empty the outbox tables (and the recorded publisher pauses)."""
+    with connection.cursor() as cursor:
+        for model in (Notification, OutboxEvent, SubscriberPause):
+            cursor.execute(f"DELETE FROM {model._meta.db_table}")
+    vacuum()
+
+
+def publish_backlog(events: int) -> None:
+    """``events`` committed OrderPlaced events, 1,000 per transaction, not fanned
+    out."""
+    reset()
+    for start in range(0, events, 1000):
+        with transaction.atomic():
+            publish(
+                *[
+                    OrderPlaced(order_id=i, total=decimal.Decimal(i) / 100)
+                    for i in range(start, min(events, start + 1000))
+                ],
+                aggregate=("bench.Order", start),
+            )
+    vacuum()
+
+
+def publish_one(order_id: int) -> tuple[str, float]:
+    """Commit one event; (its id, ``time.time()`` right after the COMMIT)."""
+    committed: list[float] = []
+    with transaction.atomic():
+        transaction.on_commit(lambda: committed.append(time.time()))
+        (row,) = publish(
+            OrderPlaced(order_id=order_id, total=decimal.Decimal("9.99")),
+            aggregate=("bench.Order", order_id),
+        )
+    return str(row.id), committed[0]
+
+
+def copy_as_pending(subscriber: str) -> None:
+    """A PENDING notification of ``subscriber`` for every event, due now."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO outbox_app_notification (event_id, subscriber, event_type, "
+            "aggregate_type, aggregate_id, aggregate_version, tenant_id, state, "
+            "attempts, next_retry_at, locked_by, last_error, last_error_type, "
+            "last_traceback, created_at, updated_at) "
+            "SELECT id, %s, event_type, aggregate_type, aggregate_id, "
+            "aggregate_version, tenant_id, 'PENDING', 0, %s, '', '', '', '', %s, %s "
+            "FROM outbox_app_outboxevent",
+            [subscriber, now, now, now],
+        )
+    vacuum()
+
+
+def goal(text: str, met: bool) -> None:
+    print(f"goal: {text}: {'met' if met else 'MISSED'}")
+
+
+# --- a) relay --once to RabbitMQ ----------------------------------------------------
+
+
+def broker(args: argparse.Namespace) -> None:
+    variants = {
+        "relay --once": [],
+        "relay --once --batch-size 500": ["--batch-size", "500"],
+    }
+    rates: dict[str, list[float]] = {
+        "raw pika": [],
+        "raw py-amqp": [],
+        **{name: [] for name in variants},
+    }
+    env = {"BENCH_PUBLISHERS": publishers()}
+    empty: list[float] = []
+    for round_ in range(args.rounds):
+        empty.append(start_up(**env))
+        publish_backlog(args.events)
+        messages = [
+            rabbit.encode(context_for(event, subscriber=PUBLISHER))
+            for event in OutboxEvent.objects.iterator(chunk_size=2000)
+        ]
+        rabbit.declare(EXCHANGE, QUEUE)
+        rates["raw pika"].append(rabbit.raw_pika(messages, EXCHANGE))
+        rabbit.declare(EXCHANGE, QUEUE)
+        rates["raw py-amqp"].append(rabbit.raw_amqp(messages, EXCHANGE))
+        for i, (name, extra) in enumerate(variants.items()):
+            if i:
+                publish_backlog(args.events)
+            rabbit.declare(EXCHANGE, QUEUE)
+            rates[name].append(args.events / relay_once(args.events, *extra, **env))
+            queued = rabbit.count(QUEUE)
+            assert queued == args.events, (name, queued)
+        print_round(round_, rates)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    print(
+        f"{VENDOR}, {args.events:,} events published, not fanned out; relay with "
+        f"default settings, process start included ({statistics.median(empty):.2f} "
+        f"s: relay --once with nothing to do); {args.rounds} round(s); confirm "
+        f"window of the raw clients {rabbit.WINDOW}"
+    )
+    summarize(
+        medians,
+        medians["raw pika"],
+        column="publisher (ratio: to raw pika)",
+        unit="events/s",
+        title=f"relay --once to RabbitMQ, {args.events:,} events ({VENDOR})",
+        plot=args.plot,
+    )
+    ratio = medians["relay --once"] / medians["raw pika"]
+    goal(f"relay --once >= 0.8x raw pika (is {ratio:.2f}x)", ratio >= 0.8)
+    reset()
+    rabbit.delete(EXCHANGE, QUEUE)
+
+
+def print_round(round_: int, rates: dict[str, list[float]]) -> None:
+    print(
+        f"round {round_ + 1}: "
+        + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()),
+        flush=True,
+    )
+
+
+# --- b) relay --once, a no-op handler ----------------------------------------------
+
+
+def handlers(args: argparse.Namespace) -> None:
+    rates: dict[str, list[float]] = {"bare loop": [], "relay --once": []}
+    empty: list[float] = []
+    for round_ in range(args.rounds):
+        empty.append(start_up(BENCH_NOOP_HANDLER="1"))
+        publish_backlog(args.events)
+        seconds = relay_once(args.events, BENCH_NOOP_HANDLER="1")
+        rates["relay --once"].append(args.events / seconds)
+        copy_as_pending("bench.baseline")
+        began = time.perf_counter()
+        done = bare.drain(connection.settings_dict, "bench.baseline")
+        rates["bare loop"].append(done / (time.perf_counter() - began))
+        assert done == args.events, done
+        print_round(round_, rates)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    print(
+        f"{VENDOR}, {args.events:,} events published, not fanned out; relay with "
+        f"default settings, process start included ({statistics.median(empty):.2f} "
+        f"s: relay --once with nothing to do); bare loop: batches of {bare.BATCH}, "
+        f"no fan-out; {args.rounds} round(s)"
+    )
+    summarize(
+        medians,
+        medians["bare loop"],
+        column="delivery (ratio: to the bare loop)",
+        unit="deliveries/s",
+        title=f"relay --once, a no-op handler, {args.events:,} events ({VENDOR})",
+        plot=args.plot,
+    )
+    rate = medians["relay --once"]
+    ratio = rate / medians["bare loop"]
+    goal(f"relay --once >= 0.5x the bare loop (is {ratio:.2f}x)", ratio >= 0.5)
+    goal(f"relay --once >= 5,000 deliveries/s (is {rate:,.0f}/s)", rate >= 5000)
+    reset()
+
+
+# --- c) latency -----------------------------------------------------------------
+
+
+def listen(path: str) -> None:
+    """The wake-up floor: a bare psycopg process blocked in LISTEN on the
+    relays' channel; appends ``time.time()`` per notification to ``path``."""
+    import psycopg
+
+    from outbox_app.db import CHANNEL
+
+    settings = connection.settings_dict
+    conn = psycopg.connect(
+        dbname=settings["NAME"],
+        user=settings["USER"] or None,
+        password=settings["PASSWORD"] or None,
+        host=settings["HOST"] or None,
+        port=settings["PORT"] or None,
+        autocommit=True,
+    )
+    conn.execute(f"LISTEN {CHANNEL}")
+    with open(path, "a", buffering=1) as out:
+        for _ in conn.notifies():
+            out.write(f"- {time.time()}\n")
+
+
+def received(path: Path) -> list[tuple[str, float]]:
+    """``(key, time)`` per line written so far."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [(key, float(at)) for key, at in (line.split() for line in lines)]
+
+
+def warm_up(path: str, log: Path, child: subprocess.Popen) -> int:
+    """Publish an event every 0.5 s until the child marks one (it is up and
+    listening), then five more one at a time; returns the marks so far."""
+    deadline = time.monotonic() + 60
+    order_id = -1
+    while not received(log):
+        if time.monotonic() > deadline or child.poll() is not None:
+            raise SystemExit(f"{path}: the child never marked an event")
+        publish_one(order_id)
+        order_id -= 1
+        time.sleep(0.5)
+    for _ in range(5):
+        marked = len(received(log))
+        publish_one(order_id)
+        order_id -= 1
+        while len(received(log)) <= marked:
+            if time.monotonic() > deadline or child.poll() is not None:
+                raise SystemExit(f"{path}: no mark for a warm-up event")
+            time.sleep(0.01)
+    time.sleep(0.5)
+    return len(received(log))
+
+
+def marks(path: str, log: Path, offset: int, committed: list) -> dict[str, float]:
+    """Event id -> the time ``path``'s child marked it, for the ``committed``
+    events (the first mark: delivery is at least once)."""
+    lines = received(log)[offset:]
+    if path == FLOOR:  # one notification per commit, in commit order
+        return {e: at for (e, _), (_, at) in zip(committed, lines, strict=False)}
+    at: dict[str, float] = {}
+    for event_id, t in lines:
+        at.setdefault(event_id, t)
+    return at
+
+
+def latency_run(path: str, events: int, rate: float) -> list[float]:
+    """Milliseconds from commit to ``path``'s mark, one per event, sorted."""
+    reset()
+    tmp = tempfile.TemporaryDirectory(prefix="bench-users-")
+    log = Path(tmp.name) / "marks.log"
+    if path == FLOOR:
+        command = [sys.executable, "-m", "bench.bench_users", "_listen", str(log)]
+        env = child_env()
+    elif path == "handler":
+        command, env = relay_command(), child_env(BENCH_LATENCY_FILE=str(log))
+    else:
+        rabbit.declare(EXCHANGE, QUEUE)
+        command = relay_command()
+        env = child_env(
+            BENCH_PUBLISHERS=publishers(
+                backend="bench.benchapp.publishers.ConfirmTimes"
+            ),
+            BENCH_CONFIRM_FILE=str(log),
+        )
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        offset = warm_up(path, log, child)
+        committed = []
+        began = time.perf_counter()
+        for seq in range(events):
+            delay = began + seq / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            committed.append(publish_one(seq))
+        deadline = time.monotonic() + 60
+        while len(at := marks(path, log, offset, committed)) < len(committed):
+            if time.monotonic() > deadline:
+                missing = len(committed) - len(at)
+                raise SystemExit(f"{path}: {missing} events never marked")
+            time.sleep(0.2)
+    finally:
+        child.terminate()
+        child.wait(30)
+        tmp.cleanup()
+    if path == "confirm":
+        rabbit.delete(EXCHANGE, QUEUE)
+    return sorted((at[e] - t) * 1e3 for e, t in committed)
+
+
+def latency(args: argparse.Namespace) -> None:
+    paths = ["handler", "confirm"]
+    if connection.vendor == "postgresql":
+        paths.insert(0, FLOOR)
+    results: dict[str, dict[str, float]] = {}
+    for path in paths:
+        ms = latency_run(path, args.events, args.rate)
+        results[path] = {
+            "p50": statistics.median(ms),
+            "p90": percentile(ms, 0.90),
+            "p99": percentile(ms, 0.99),
+            "max": ms[-1],
+        }
+    floor = results.get(FLOOR)
+    print(
+        f"{VENDOR}, {args.events:,} events at {args.rate:.0f}/s, one per "
+        "transaction; relay with default settings"
+        + (", LISTEN/NOTIFY" if floor else ", adaptive poll")
+    )
+    columns = results["handler"]
+    print(f"{'commit ->':<22}" + "".join(f"{k + ' ms':>10}" for k in columns))
+    for path, figures in results.items():
+        label = {
+            FLOOR: "LISTEN wake (floor)",
+            "handler": "handler start",
+            "confirm": "broker confirm",
+        }[path]
+        line = f"{label:<22}" + "".join(f"{v:>10.1f}" for v in figures.values())
+        if floor and path != FLOOR:
+            line += f"   p50 = {figures['p50'] / floor['p50']:.1f}x the floor"
+        print(line)
+    handler_, confirm = results["handler"], results["confirm"]
+    goal(f"handler p50 <= 5 ms (is {handler_['p50']:.1f})", handler_["p50"] <= 5)
+    goal(f"handler p99 <= 25 ms (is {handler_['p99']:.1f})", handler_["p99"] <= 25)
+    goal(f"confirm p50 <= 8 ms (is {confirm['p50']:.1f})", confirm["p50"] <= 8)
+    if args.plot:
+        from bench.plot import bars
+
+        path = bars(
+            args.plot,
+            f"Commit -> handler start / broker confirm, {args.rate:.0f} events/s, "
+            f"relay with defaults ({VENDOR})",
+            "milliseconds (log scale)",
+            list(results),
+            {k: [r[k] for r in results.values()] for k in ("p50", "p90", "p99")},
+            log=True,
+        )
+        print(f"plot: {path}")
+    reset()
+
+
+# --- d) publish() overhead -------------------------------------------------------
+
+
+def overhead(extra: list[str]) -> None:
+    command = [sys.executable, "-m", "bench.bench_overhead", *extra]
+    raise SystemExit(subprocess.run(command, cwd=ROOT, env=child_env()).returncode)
+
+
+# --- e) outage -------------------------------------------------------------------
+
+
+def outage(args: argparse.Namespace) -> None:
+    from tests.brokers.proxy import TcpProxy
+
+    reset()
+    rabbit.declare(EXCHANGE, QUEUE)
+    proxy = TcpProxy((rabbit.HOST, rabbit.PORT))
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    child = subprocess.Popen(
+        relay_command(),
+        cwd=ROOT,
+        env=child_env(BENCH_PUBLISHERS=publishers(url)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    logged: list[tuple[float, str]] = []
+
+    def read_log() -> None:
+        for line in child.stderr:
+            logged.append((time.time(), line.rstrip()))
+
+    threading.Thread(target=read_log, daemon=True).start()
+    committed: list[tuple[str, float]] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        began = time.perf_counter()
+        while not stop.is_set():
+            delay = began + len(committed) / args.rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            committed.append(publish_one(len(committed)))
+        connections.close_all()
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    try:
+        time.sleep(args.before)
+        cut_at = time.time()
+        proxy.cut()
+        print(f"RabbitMQ cut for {args.outage:.0f} s", flush=True)
+        time.sleep(args.outage)
+        proxy.restore()
+        restored_at = time.time()
+        before = [e for e, t in committed if t <= restored_at]
+        drained_at = wait_delivered(before, args.outage + 300)
+        print(f"restored; drained in {drained_at - restored_at:.1f} s", flush=True)
+        time.sleep(args.after)
+        stop.set()
+        thread.join()
+        wait_delivered([e for e, _ in committed], 120)
+    finally:
+        stop.set()
+        thread.join()
+        child.terminate()
+        child.wait(30)
+        proxy.close()
+    during = sum(1 for _, t in committed if cut_at <= t <= restored_at)
+    rows = Notification.objects.filter(subscriber=PUBLISHER)
+    expired = rows.filter(state=State.EXPIRED).count()
+    attempts = sorted(rows.values_list("attempts", flat=True))
+    queued = rabbit.count(QUEUE)
+    print(
+        f"{VENDOR}, relay with default settings, writer at {args.rate:g} events/s, "
+        f"outage {args.outage:.0f} s after {args.before:.0f} s"
+    )
+    print(f"events published: {len(committed)}, during the outage: {during}")
+    print(
+        f"time to drain after the restore: {drained_at - restored_at:.1f} s "
+        "(every event committed before it SUCCEEDED)"
+    )
+    print(f"messages in the queue: {queued} ({queued - len(committed)} duplicates)")
+    print(f"attempts of the {len(attempts)} delivered rows: max {attempts[-1]}")
+    goal(f"no EXPIRED row (EXPIRED: {expired})", expired == 0)
+    goal(
+        f"no attempt counted for the outage (rows with attempts > 1: "
+        f"{sum(1 for a in attempts if a > 1)})",
+        attempts[-1] == 1,
+    )
+    print("relay log about the pause (seconds after the cut):")
+    for at, line in logged:
+        if re.search(r"paused|resumed", line, re.IGNORECASE):
+            print(f"  {at - cut_at:+7.1f} s  {line}")
+    reset()
+    rabbit.delete(EXCHANGE, QUEUE)
+
+
+def wait_delivered(event_ids: list[str], timeout: float) -> float:
+    """Wait until every event of ``event_ids`` is SUCCEEDED; returns when."""
+    deadline = time.monotonic() + timeout
+    rows = Notification.objects.filter(event_id__in=event_ids, state=State.SUCCEEDED)
+    while rows.count() < len(event_ids):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"not delivered within {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.time()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["_listen"]:
+        return listen(sys.argv[2])
+    if sys.argv[1:2] == ["overhead"]:
+        return overhead(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    figures = parser.add_subparsers(dest="figure", required=True)
+    for name, events in (("broker", 20_000), ("handlers", 50_000)):
+        sub = figures.add_parser(name)
+        sub.add_argument("--events", type=int, default=events)
+        sub.add_argument("--rounds", type=int, default=3)
+        sub.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
+    sub = figures.add_parser("latency")
+    sub.add_argument("--events", type=int, default=3000)
+    sub.add_argument("--rate", type=float, default=200)
+    sub.add_argument("--plot", help="save p50/p90/p99 as bench/<PLOT>.png")
+    sub = figures.add_parser("outage")
+    sub.add_argument("--outage", type=float, default=300, help="seconds")
+    sub.add_argument("--rate", type=float, default=5, help="events/s written")
+    sub.add_argument("--before", type=float, default=10, help="seconds before")
+    sub.add_argument("--after", type=float, default=10, help="seconds after drain")
+    figures.add_parser("overhead", help="run bench/bench_overhead.py with ARGS")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    {"broker": broker, "handlers": handlers, "latency": latency, "outage": outage}[
+        args.figure
+    ](args)
+
+
+if __name__ == "__main__":
+    main()
