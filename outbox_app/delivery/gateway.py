@@ -14,14 +14,16 @@ Where the database allows it a step is one round trip:
 ==========  ================================  ================================
 statement   PostgreSQL                        MySQL/MariaDB; SQLite
 ==========  ================================  ================================
-fan-out     one ``WITH``: lock a batch of     the same three statements in one
+fan-out     one ``WITH``: lock a batch of     the same statements in one
             undelivered events (``SKIP        transaction (SQLite: no locks;
             LOCKED``), insert their           one writer at a time)
-            notifications, flip the flag
+            notifications, flip the flag;
+            with a lease, claim one
+            subscriber's share and read it
 claim       one ``WITH``: ``UPDATE ...        MariaDB: lock, update, read in
-            RETURNING`` joined to the         one transaction; SQLite: one
-            events, payload included          ``UPDATE ... RETURNING`` with the
-                                              event's columns as subqueries
+            RETURNING`` joined to the         one transaction; SQLite:
+            events, payload included          ``UPDATE ... RETURNING id``, then
+                                              read by primary key
 outcomes    one ``UPDATE`` each, compare-and-set on the batch's lease token
 ==========  ================================  ================================
 
@@ -231,12 +233,19 @@ class Gateway:
         select.append(limit)
         sql = _statements(self.using, d.vendor)
         key = (len(names), ordered, None if event_types is None else len(event_types))
-        if d.writable_cte or d.update_returning:
+        if d.writable_cte:
             with self._cursor() as cursor:
                 cursor.execute(sql.claim(*key), [*update, *select])
                 rows = cursor.fetchall()
-            if not d.writable_cte:
-                rows.sort(key=lambda row: row[0])
+        elif d.update_returning:
+            claim, read = sql.claim(*key)
+            with self._cursor() as cursor:
+                cursor.execute(claim, [*update, *select])
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    return token, []
+                cursor.execute(read(len(ids)), ids)
+                rows = cursor.fetchall()
         else:
             lock, mark, read = sql.claim(*key)
             with transaction.atomic(using=self.using), self._cursor() as cursor:
@@ -591,8 +600,9 @@ class _Statements:
 
     @functools.cache  # noqa: B019
     def claim(self, names: int, ordered: bool, types: int | None):
-        """PostgreSQL and SQLite: one statement. MariaDB: ``(lock, mark(count),
-        read(count))``. Parameters: the lease's, then the candidates'."""
+        """PostgreSQL: one statement. SQLite: ``(claim, read(count))``.
+        MariaDB: ``(lock, mark(count), read(count))``. Parameters: the lease's,
+        then the candidates'."""
         d, n, e = self.d, self.n, self.e
         assign = (
             f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
@@ -611,16 +621,6 @@ class _Statements:
                 f"SELECT c.id, c.attempts, c.subscriber, {event_columns} "
                 f"FROM c JOIN {e} e ON e.id = c.event_id ORDER BY c.id"
             )
-        if d.update_returning:
-            # SQLite's RETURNING may not join; scalar subqueries it may hold.
-            subqueries = ", ".join(
-                f"(SELECT e.{c} FROM {e} e WHERE e.id = {n}.event_id)"
-                for c in EVENT_COLUMNS
-            )
-            return (
-                f"UPDATE {n} SET {assign} WHERE id IN ({candidates}) "
-                f"RETURNING id, attempts, subscriber, {subqueries}"
-            )
 
         def mark(count: int) -> str:
             return f"UPDATE {n} SET {assign} WHERE {d.in_list('id', count)}"
@@ -632,6 +632,12 @@ class _Statements:
                 f"WHERE {d.in_list('c.id', count)} ORDER BY c.id"
             )
 
+        if d.update_returning:
+            # SQLite: RETURNING may not join, and scalar subqueries there
+            # (one per event column) scan the events table for every row; the
+            # claimed ids are read back by primary key instead.
+            claim = f"UPDATE {n} SET {assign} WHERE id IN ({candidates}) RETURNING id"
+            return claim, _cached(read)
         return candidates, _cached(mark), _cached(read)
 
     # -- outcomes
