@@ -360,7 +360,7 @@ class Listener:
         try:
             got = any(True for _ in self._pg.notifies(timeout=timeout, stop_after=1))
             if got:
-                for _ in self._pg.notifies(timeout=0.001):
+                for _ in self._pg.notifies(timeout=0):  # what has arrived, no wait
                     pass
         except Exception:
             self.close()
