@@ -19,7 +19,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from . import registry
-from .models import Notification, OutboxEvent
+from .models import Notification, OutboxEvent, SubscriberPause
 from .states import State
 from .subscribers import Subscriber
 
@@ -45,6 +45,11 @@ def overview(
 
             {
               "generated_at": "2025-01-01T12:00:00+00:00",
+              "paused": [                     # publishers paused by an outage
+                {"subscriber": "rabbitmq", "since": "...",
+                 "paused_seconds": 42.0, "next_probe": "...", "probes": 3,
+                 "reason": "cannot connect to amqp://...", "worker": "host:7"},
+              ],
               "lag_seconds": 12.5,            # oldest waiting delivery or
                                               # fan-out, None when nothing waits
               "states": {"PENDING": 3, "RUNNING": 0, "SUCCEEDED": 90,
@@ -145,6 +150,7 @@ def overview(
 
     return {
         "generated_at": now.isoformat(),
+        "paused": paused(using=using, now=now),
         "lag_seconds": max(lags) if lags else None,
         "states": states,
         "expired": states[State.EXPIRED],
@@ -154,6 +160,33 @@ def overview(
         "subscribers": rows,
         "deliveries": deliveries_per_minute(using=using, now=now),
     }
+
+
+def paused(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Publishers a relay has paused because their destination is unreachable
+    (:class:`~outbox_app.models.SubscriberPause`), oldest outage first.
+
+    Returns:
+        ``[{"subscriber", "since", "paused_seconds", "next_probe", "probes",
+        "reason", "worker"}, ...]``; empty when every destination answers.
+    """
+    now = now or timezone.now()
+    return [
+        {
+            "subscriber": pause.subscriber,
+            "since": pause.paused_at.isoformat(),
+            "paused_seconds": _age(pause.paused_at, now),
+            "next_probe": pause.resume_at.isoformat(),
+            "probes": pause.probes,
+            "reason": pause.reason,
+            "worker": pause.worker,
+        }
+        for pause in SubscriberPause.objects.using(using)
+        .paused(now)
+        .order_by("paused_at")
+    ]
 
 
 def deliveries_per_minute(

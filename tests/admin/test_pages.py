@@ -229,6 +229,20 @@ def test_overview__page(admin_client, busy):
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)
 
 
+def test_overview__shows_paused_publishers(admin_client):
+    from outbox_app.delivery.publishers import Pause
+    from outbox_app.models import SubscriberPause
+
+    now = timezone.now()
+    SubscriberPause.objects.record(
+        "rabbitmq", Pause(now, now, 2, "connection refused <b>"), None
+    )
+    page = admin_client.get(OVERVIEW).content.decode()
+    assert 'id="outbox-paused"' in page
+    assert "rabbitmq is paused" in page
+    assert "connection refused &lt;b&gt;" in page  # escaped
+
+
 def test_overview__json(admin_client, busy):
     with subscribed("OrderPlaced"):
         data = admin_client.get(OVERVIEW_JSON).json()

@@ -158,6 +158,7 @@ def test_command__json_shape():
     data = json.loads(out)
     assert set(data) == {
         "generated_at",
+        "paused",
         "lag_seconds",
         "states",
         "expired",
@@ -231,3 +232,42 @@ def test_command__negative_threshold_is_a_usage_error(capsys):
         ManagementUtility(["manage.py", "outbox_status", "--max-lag", "-1"]).execute()
     assert exited.value.code == 2  # argparse's usage error
     assert "--max-lag" in capsys.readouterr().err
+
+
+def pause(name: str, *, since: datetime.timedelta, probed: datetime.timedelta):
+    """A relay's pause of ``name``: paused ``since`` ago, next probe ``probed``
+    from now."""
+    from outbox_app.delivery.publishers import Pause
+    from outbox_app.models import SubscriberPause
+
+    now = timezone.now()
+    SubscriberPause.objects.record(
+        name,
+        Pause(now - since, now + probed, 4, "cannot connect to amqp://x//: refused"),
+        None,
+    )
+
+
+def test_paused_publishers_are_shown_with_their_reason():
+    pause("rabbitmq", since=datetime.timedelta(minutes=3), probed=datetime.timedelta(0))
+    # A relay that stopped while paused leaves its row; it is not shown once
+    # nobody has probed for a while.
+    pause(
+        "stale", since=datetime.timedelta(days=1), probed=-datetime.timedelta(hours=1)
+    )
+    out, code = run()
+    assert code == 0
+    assert "PAUSED: rabbitmq for 180.0s" in out
+    assert "cannot connect to amqp://x//: refused" in out
+    assert "stale" not in out
+    [paused] = json.loads(run("--json")[0])["paused"]
+    assert (paused["subscriber"], paused["probes"]) == ("rabbitmq", 4)
+    assert paused["paused_seconds"] >= 180
+
+
+def test_a_resumed_publisher_is_not_shown():
+    from outbox_app.models import SubscriberPause
+
+    pause("rabbitmq", since=datetime.timedelta(minutes=3), probed=datetime.timedelta(0))
+    SubscriberPause.objects.update(resumed_at=timezone.now())
+    assert status.paused() == []

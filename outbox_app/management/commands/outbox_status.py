@@ -130,6 +130,15 @@ class Command(BaseCommand):
             f"delivered in 24 h:   {deliveries['total']} "
             f"(peak {deliveries['peak']}/min)"
         )
+        for pause in data["paused"]:
+            write(
+                self.style.WARNING(
+                    f"PAUSED: {pause['subscriber']} for "
+                    f"{_seconds(pause['paused_seconds'])}, destination unavailable "
+                    f"(no attempts counted; next probe {pause['next_probe']}, "
+                    f"{pause['probes']} failed): {pause['reason']}"
+                )
+            )
         for problem in problems:
             write(self.style.ERROR(f"UNHEALTHY: {problem}"))
 
