@@ -147,7 +147,26 @@ class OutboxJSONEncoder(DjangoJSONEncoder):
                 raise ValueError("JSON can't represent timezone-aware times.")
             text = o.isoformat()
             return text[:-6] + "Z" if text.endswith("+00:00") else text
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return _fields_of(o)  # a nested dataclass, as dataclasses.asdict
         return super().default(o)
+
+
+def _fields_of(instance: Any) -> dict[str, Any]:
+    """A dataclass instance's fields, one level deep: the encoder turns nested
+    dataclasses into objects as it meets them (``dataclasses.asdict`` copies
+    the whole tree first, which was most of an encode)."""
+    return {name: getattr(instance, name) for name in _field_names(type(instance))}
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+#: One encoder for every payload (``json.dumps(..., cls=...)`` builds one per
+#: call): the separators and escapes of ``json.dumps``, NaN refused.
+_ENCODER = OutboxJSONEncoder(allow_nan=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +177,8 @@ class EncodedEvent:
     revision: int
     payload: dict[str, Any]
     id: uuid.UUID | None = None
+    #: ``payload`` as the JSON text that is stored.
+    payload_text: str = "{}"
 
 
 def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
@@ -185,7 +206,7 @@ def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
     event_id = None
     if isinstance(event, Event) and dataclasses.is_dataclass(event):
         event_type, revision = type(event).event_type, type(event).revision
-        payload = dataclasses.asdict(event)
+        payload = _fields_of(event)
     elif isinstance(event, Mapping):
         event_type = event.get("event_type")
         revision = event.get("revision", 1)
@@ -209,12 +230,13 @@ def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
     validate_event_type(event_type)
     if not isinstance(revision, int) or revision < 1:
         raise InvalidPayload(f"revision must be a positive integer, got {revision!r}")
-    return EncodedEvent(
-        event_type, revision, to_json(payload, event_type, max_bytes), event_id
-    )
+    decoded, text = to_json(payload, event_type, max_bytes)
+    return EncodedEvent(event_type, revision, decoded, event_id, text)
 
 
-def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, Any]:
+def to_json(
+    data: Mapping[str, Any], label: str, max_bytes: int
+) -> tuple[dict[str, Any], str]:
     """``data`` as plain JSON types, the way ``DjangoJSONEncoder`` writes it.
 
     Args:
@@ -222,12 +244,15 @@ def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, An
         label: what it is, for error messages (an event type, "headers").
         max_bytes: largest encoded size accepted, in bytes (UTF-8 JSON).
 
+    Returns:
+        ``(plain JSON types, their JSON text)``: the text is what is stored.
+
     Raises:
         InvalidPayload: a value JSON cannot encode; ``.field`` names its key.
         PayloadTooLarge: the encoding is larger than ``max_bytes``.
     """
     try:
-        text = json.dumps(data, cls=OutboxJSONEncoder, allow_nan=False)
+        text = _ENCODER.encode(data)
     except (TypeError, ValueError) as exc:
         field = _offending_field(data)
         raise InvalidPayload(
@@ -238,7 +263,7 @@ def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, An
         raise PayloadTooLarge(
             f"{label} payload is {size} bytes; OUTBOX_MAX_PAYLOAD_BYTES is {max_bytes}"
         )
-    decoded = json.loads(text)
+    decoded = loads(text)
     # JSON escapes NUL as \u0000: only then look for the field holding it.
     for key, value in decoded.items() if "\\u0000" in text else ():
         if _has_nul(key) or _has_nul(value):
@@ -248,7 +273,7 @@ def to_json(data: Mapping[str, Any], label: str, max_bytes: int) -> dict[str, An
                 "cannot store",
                 field=str(key),
             )
-    return decoded
+    return decoded, text
 
 
 def _has_nul(value: Any) -> bool:

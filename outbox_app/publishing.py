@@ -19,6 +19,7 @@ from typing import Any
 
 import django.dispatch
 from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from .conf import outbox_settings
@@ -96,7 +97,7 @@ def publish(
     """
     alias = _alias(aggregate, using)
     _require_transaction(alias)
-    rows = _rows(events, aggregate, aggregate_version, headers, tenant_id)
+    rows, texts = _rows(events, aggregate, aggregate_version, headers, tenant_id)
     if not rows:
         return []
     action = _current_action.get()
@@ -105,7 +106,7 @@ def publish(
             row.action_id, row.action_name = action.id, action.name
             row.action_params = action.params
         action.published.add(alias)
-    _insert(rows, alias)
+    _insert(rows, alias, texts)
     _wake_on_commit(alias)
     return rows
 
@@ -133,7 +134,9 @@ def outbox_action(
         InvalidPayload: ``params`` is not JSON-serialisable.
     """
     validate_event_type(name)
-    params_json = to_json(dict(params or {}), name, outbox_settings.MAX_PAYLOAD_BYTES)
+    params_json, _ = to_json(
+        dict(params or {}), name, outbox_settings.MAX_PAYLOAD_BYTES
+    )
     action = _Action(id=new_event_id(), name=name, params=params_json)
     token = _current_action.set(action)
     try:
@@ -190,38 +193,43 @@ def _aggregate_key(aggregate: Aggregate) -> tuple[str | None, str | None]:
     )
 
 
-def _rows(events, aggregate, aggregate_version, headers, tenant_id) -> list:
+def _rows(events, aggregate, aggregate_version, headers, tenant_id):
+    """The rows of one publish() and, by ``id()`` of each JSON value, the JSON
+    text that stores it (encoded once, when it was validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
-    envelope = to_json(dict(headers or {}), "headers", max_bytes)
+    envelope, envelope_text = to_json(dict(headers or {}), "headers", max_bytes)
+    texts = {id(envelope): envelope_text}
     namespace = outbox_settings.NAMESPACE
     now = timezone.now()
     rows = []
     for position, event in enumerate(events):
         encoded = encode(event, max_bytes)
-        rows.append(
-            OutboxEvent(
-                id=encoded.id or new_event_id(),
-                namespace=namespace,
-                event_type=encoded.event_type,
-                revision=encoded.revision,
-                aggregate_type=aggregate_type,
-                aggregate_id=aggregate_id,
-                aggregate_version=(
-                    None if aggregate_version is None else aggregate_version + position
-                ),
-                payload=encoded.payload,
-                headers=envelope,
-                tenant_id=tenant_id,
-                occurred_at=now,
-                created_at=now,
-                delivered=False,
-            )
-        )
-    return rows
+        texts[id(encoded.payload)] = encoded.payload_text
+        values = {
+            "id": encoded.id or new_event_id(),
+            "namespace": namespace,
+            "event_type": encoded.event_type,
+            "revision": encoded.revision,
+            "aggregate_type": aggregate_type,
+            "aggregate_id": aggregate_id,
+            "aggregate_version": (
+                None if aggregate_version is None else aggregate_version + position
+            ),
+            "payload": encoded.payload,
+            "headers": envelope,
+            "tenant_id": tenant_id,
+            "occurred_at": now,
+            "created_at": now,
+            "delivered": False,
+        }
+        rows.append(_row(values))
+    return rows, texts
 
 
-def _insert(rows: list[OutboxEvent], alias: str) -> None:
+def _insert(
+    rows: list[OutboxEvent], alias: str, texts: dict[int, str] | None = None
+) -> None:
     """Write ``rows`` with one multi-row ``INSERT ... VALUES``.
 
     The ORM's ``bulk_create`` spends most of a publish in the SQL compiler (per
@@ -229,22 +237,35 @@ def _insert(rows: list[OutboxEvent], alias: str) -> None:
     psycopg escapes in Python. Here the statement is built once per (database,
     row count) and each value goes through its field's ``get_db_prep_save``,
     once per distinct object: the rows of one call share their envelope,
-    aggregate and timestamps.
+    aggregate and timestamps. A JSON value whose text ``texts`` holds (by
+    ``id()``) is sent as that text, not encoded a second time; a None is sent
+    as it is.
     """
     connection = connections[alias]
-    fields = OutboxEvent._meta.concrete_fields
+    texts = texts or {}
     prepared: dict[tuple[str, int], Any] = {}
     params: list[Any] = []
+    # Outside an action its three columns are NULL: left out of the statement
+    # (fewer parameters to bind: psycopg caches a query's parsing only up to
+    # 50 parameters).
+    action = any(row.action_id is not None for row in rows)
+    columns = _columns(alias, action)
     for row in rows:
-        for f in fields:
+        for f, plain in columns:
             value = getattr(row, f.attname)
+            if value is None or plain:
+                params.append(value)
+                continue
             key = (f.attname, id(value))
             if key not in prepared:
-                prepared[key] = f.get_db_prep_save(value, connection)
+                text = texts.get(id(value))
+                prepared[key] = (
+                    f.get_db_prep_save(value, connection) if text is None else text
+                )
             params.append(prepared[key])
     try:
         with connection.cursor() as cursor:
-            cursor.execute(_insert_sql(alias, len(rows)), params)
+            cursor.execute(_insert_sql(alias, len(rows), action), params)
     except IntegrityError as exc:
         text = str(exc).lower()
         if "aggregate_version" in text:
@@ -262,11 +283,51 @@ def _insert(rows: list[OutboxEvent], alias: str) -> None:
         row._state.adding, row._state.db = False, alias
 
 
+#: Every field of the outbox table, None unless given.
+_UNSET = dict.fromkeys(f.attname for f in OutboxEvent._meta.concrete_fields)
+
+
+def _row(values: dict[str, Any]) -> OutboxEvent:
+    """An unsaved OutboxEvent holding ``values`` (every other field None).
+
+    Built as ``Model.__init__`` would build it, minus the work that does not
+    apply here (defaults, descriptors, keyword checks, the ``pre_init`` and
+    ``post_init`` signals): ``__init__`` was a third of a ``publish()``'s
+    Python time (bench/RESULTS.md, publish overhead).
+    """
+    row = OutboxEvent.__new__(OutboxEvent)
+    row.__dict__.update(_UNSET, **values)
+    row._state = ModelState()
+    return row
+
+
+#: Columns an event outside an action leaves NULL.
+_ACTION_FIELDS = ("action_id", "action_name", "action_params")
+
+
 @functools.cache
-def _insert_sql(alias: str, count: int) -> str:
-    """``INSERT INTO <outbox> (<every column>) VALUES (...) x count``, cached."""
+def _columns(alias: str, action: bool) -> tuple[tuple[models.Field, bool], ...]:
+    """The fields an INSERT writes (the action's only with ``action``) and
+    whether their values cross the DB-API as they are (text, numbers,
+    booleans: ``get_db_prep_save`` would return them unchanged), per
+    database."""
+    native_uuid = connections[alias].features.has_native_uuid_field
+    return tuple(
+        (
+            f,
+            isinstance(f, models.CharField | models.IntegerField | models.BooleanField)
+            or (isinstance(f, models.UUIDField) and native_uuid),
+        )
+        for f in OutboxEvent._meta.concrete_fields
+        if action or f.attname not in _ACTION_FIELDS
+    )
+
+
+@functools.cache
+def _insert_sql(alias: str, count: int, action: bool) -> str:
+    """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached."""
     quote = connections[alias].ops.quote_name
-    fields = OutboxEvent._meta.concrete_fields
+    fields = [f for f, _ in _columns(alias, action)]
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     return (
         f"INSERT INTO {quote(OutboxEvent._meta.db_table)} "
