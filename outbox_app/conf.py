@@ -43,7 +43,11 @@ DEFAULTS: dict[str, Setting] = {
         60.0,
         "How long a claimed notification stays leased to one worker, in seconds.",
     ),
-    "BATCH_SIZE": Setting(100, "Rows claimed per batch by fan-out and delivery."),
+    "BATCH_SIZE": Setting(
+        500,
+        "Rows claimed per batch by fan-out and delivery (chosen by measurement: "
+        "docs/settings.md).",
+    ),
     "POLL_INTERVAL": Setting(
         1.0, "Longest idle wait of the relay loop between polls, in seconds."
     ),
