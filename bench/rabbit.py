@@ -168,3 +168,33 @@ def raw_pika(messages: list[Message], exchange: str) -> float:
     )
     connection.ioloop.start()
     return len(messages) / state["elapsed"]
+
+
+def confirm_latency(message: Message, exchange: str, count: int, rate: float) -> list:
+    """The broker's own share of commit -> confirm: milliseconds from publishing
+    one persistent message on a confirm-mode py-amqp channel to its
+    ``basic.ack``, ``count`` times at ``rate`` per second, sorted."""
+    with amqp.Connection(f"{HOST}:{PORT}") as conn:
+        channel = conn.channel()
+        channel.confirm_select()
+        acked: list[float] = []
+        channel.events["basic_ack"].add(lambda tag, multiple: acked.append(1))
+        result = []
+        for i in range(count):
+            began = time.perf_counter()
+            channel.basic_publish(
+                amqp.Message(
+                    message.body,
+                    content_type=CONTENT_TYPE,
+                    delivery_mode=2,
+                    message_id=message.message_id,
+                ),
+                exchange=exchange,
+                routing_key=message.routing_key,
+                mandatory=True,
+            )
+            while len(acked) <= i:
+                conn.drain_events(timeout=10)
+            result.append((time.perf_counter() - began) * 1000)
+            time.sleep(max(0.0, 1 / rate - (time.perf_counter() - began)))
+    return sorted(result)

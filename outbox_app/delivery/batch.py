@@ -160,36 +160,59 @@ class Fold:
     after: uuid.UUID | None = None
 
 
-class ClaimAhead:
-    """Claims a subscriber's next batch on a second connection, in a thread,
-    while the current batch is delivered: the database work of a claim overlaps
-    the handlers' or the broker's (bench/RESULTS.md, benchmarks 2 and 3).
+class Sidecar:
+    """A thread with a database connection of its own, for database work that
+    can overlap the relay's own (a claim ahead, a batch's SUCCEEDED mark).
 
-    Not for ordered subscribers (see ``submit``), and only where a second
-    connection helps and sees the same data: not on SQLite (one writer at a
-    time) and not inside an outer transaction (a caller's ``atomic()``, a test
-    case), where claims stay on the caller's connection. The thread and its
-    connection live for one :func:`~outbox_app.delivery.deliver` call and start
-    only once a full batch shows a backlog. A batch claimed ahead is renewed
-    before it is delivered if it waited long (:meth:`Batch.keep`).
+    Only where a second connection helps and sees the same data: not on SQLite
+    (one writer at a time) and not inside an outer transaction (a caller's
+    ``atomic()``, a test case); there ``enabled`` is False and callers do the
+    work inline. The thread starts on first use and lives for one
+    :func:`~outbox_app.delivery.deliver` call: :meth:`close` closes its
+    connection.
     """
 
-    def __init__(self, using: str):
+    def __init__(self, using: str, name: str):
         self.using = using
+        self.name = name
         self.enabled = not (
             is_single_writer(using) or connections[using].in_atomic_block
         )
-        self.executor: ThreadPoolExecutor | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable, *args) -> Future:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self.name)
+        return self._executor.submit(fn, *args)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            # Looked up in the thread: its own connection, not the caller's.
+            self._executor.submit(lambda: connections[self.using].close()).result()
+            self._executor.shutdown()
+            self._executor = None
+
+
+class ClaimAhead:
+    """Claims a subscriber's next batch on a second connection
+    (:class:`Sidecar`) while the current batch is delivered: the database work
+    of a claim overlaps the handlers' or the broker's (bench/RESULTS.md).
+
+    Not for ordered subscribers (see ``submit``). It starts only once a full
+    batch shows a backlog. A batch claimed ahead is renewed before it is
+    delivered if it waited long (:meth:`Batch.keep`).
+    """
+
+    def __init__(self, using: str):
+        self.sidecar = Sidecar(using, "outbox-claim")
         self.pending: tuple[Subscriber, Future[Batch]] | None = None
 
     def submit(self, subscriber: Subscriber, claim: Callable[[Subscriber], Batch]):
-        if not self.enabled or self.pending is not None or subscriber.ordered:
+        if not self.sidecar.enabled or self.pending is not None or subscriber.ordered:
             # An ordered subscriber's next heads appear only once this batch
             # is finished: claimed ahead, they would come back short or empty.
             return
-        if self.executor is None:
-            self.executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
-        self.pending = (subscriber, self.executor.submit(claim, subscriber))
+        self.pending = (subscriber, self.sidecar.submit(claim, subscriber))
 
     def take(self, subscriber: Subscriber) -> Batch | None:
         """The batch claimed ahead for ``subscriber``, if that is what was
@@ -213,8 +236,5 @@ class ClaimAhead:
             self.pending = None
             if future.exception() is None:
                 report = future.result().release()
-        if self.executor is not None:
-            # Looked up in the thread: its own connection, not this one's.
-            self.executor.submit(lambda: connections[self.using].close()).result()
-            self.executor.shutdown()
+        self.sidecar.close()
         return report

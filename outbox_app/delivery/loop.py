@@ -133,7 +133,9 @@ def deliver(
     stop = stop or threading.Event()
     report = RelayReport()
     ahead = ClaimAhead(using)
-    runners = {s: PublisherRunner(s, rng) for s in chosen if isinstance(s, Publisher)}
+    runners = {
+        s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
+    }
     folding = None
     if fold:
         known = registry.subscribers()
@@ -189,5 +191,5 @@ def deliver(
         # The batches in flight are collected; a batch claimed ahead and not
         # delivered (time is up, stopping, an error) is handed back.
         for runner in runners.values():
-            runner.finish()
+            runner.close()
         report += ahead.close()

@@ -32,6 +32,7 @@ import datetime
 import logging
 import random
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from django.db import DatabaseError
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, PublisherUnavailable
 from ..publishers.base import Publisher
-from .batch import Batch
+from .batch import Batch, Sidecar
 from .outcomes import Outcomes, RelayReport
 from .retry import RetryPolicy
 
@@ -49,13 +50,22 @@ logger = logging.getLogger("outbox_app.relay")
 
 class PublisherRunner:
     """Delivers one publisher's batches for one :func:`deliver` call, keeping
-    at most one batch in flight between calls of :meth:`deliver`."""
+    at most one batch in flight between calls of :meth:`deliver`.
 
-    def __init__(self, publisher: Publisher, rng: random.Random | None = None):
+    The SUCCEEDED marks of confirmed batches are written on a second
+    connection (a :class:`~outbox_app.delivery.batch.Sidecar`) while the next
+    batch is sent, where one helps; :meth:`close` waits for them.
+    """
+
+    def __init__(
+        self, publisher: Publisher, using: str, rng: random.Random | None = None
+    ):
         self.publisher = publisher
         self.rng = rng
         self.policy = RetryPolicy.of(publisher)
         self.in_flight: _Sent | None = None
+        self.marks = Sidecar(using, "outbox-mark")
+        self.marking: list[tuple[Future, RelayReport, RelayReport]] = []
 
     def deliver(self, batch: Batch, report: RelayReport, *, last: bool) -> None:
         """Send ``batch``, then collect and record the batch sent before it.
@@ -78,7 +88,7 @@ class PublisherRunner:
                 handle = self.publisher.send(fresh)
             except Exception as exc:
                 handle = _Raised(exc)
-            sent = _Sent(batch, outcomes, fresh, handle)
+            sent = _Sent(batch, outcomes, fresh, handle, backlog=not last)
         self.finish()
         self.in_flight = sent
         if last:
@@ -119,7 +129,7 @@ class PublisherRunner:
         pairs = list(zip(sent.contexts, results, strict=True))
         delivered = [c.notification_id for c, r in pairs if r is None]
         outages = [(c, r) for c, r in pairs if isinstance(r, PublisherUnavailable)]
-        outcomes.succeeded(delivered)
+        self._mark(outcomes, delivered, sent.backlog)
         if outages:
             # No attempt counted: the rows are due again at once (and claimed
             # again once a probe shows the destination is back).
@@ -138,6 +148,44 @@ class PublisherRunner:
                 )
                 outcomes.failed(context, error, retry_at)
 
+    def _mark(self, outcomes: Outcomes, ids: list[int], backlog: bool) -> None:
+        """Mark ``ids`` SUCCEEDED; under a backlog, on the sidecar's connection
+        while the next batch is sent (the counts join ``outcomes.report`` when
+        the mark is done)."""
+        if not (backlog and self.marks.enabled) or self.publisher.ordered:
+            # No batch to overlap (a second connection would cost more than
+            # it saves), or an ordered publisher, whose next heads exist once
+            # these are marked.
+            outcomes.succeeded(ids)
+            return
+        self._merge(done_only=True)
+        counts = RelayReport()
+        later = Outcomes(outcomes.gateway, outcomes.subscriber, outcomes.token, counts)
+        future = self.marks.submit(later.succeeded, ids)
+        self.marking.append((future, counts, outcomes.report))
+
+    def _merge(self, done_only: bool = False) -> None:
+        """Add the counts of finished marks to their reports (``done_only``:
+        without waiting for the others).
+
+        Raises:
+            django.db.DatabaseError: a mark failed (its rows stay RUNNING until
+                their lease runs out, then are sent again).
+        """
+        while self.marking and (not done_only or self.marking[0][0].done()):
+            future, counts, report = self.marking.pop(0)
+            future.result()
+            report += counts
+
+    def close(self) -> None:
+        """Collect the batch in flight, wait for the marks, close the second
+        connection."""
+        try:
+            self.finish()
+            self._merge()
+        finally:
+            self.marks.close()
+
 
 @dataclass
 class _Sent:
@@ -145,6 +193,7 @@ class _Sent:
     outcomes: Outcomes
     contexts: list
     handle: Any
+    backlog: bool  # more batches follow: its mark may overlap them
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox_app.exceptions import DeliveryError
+from outbox_app.exceptions import DeliveryError, PublisherUnavailable
 from outbox_app.publishers.base import Publisher
 
 from .conftest import across_aggregates
@@ -76,3 +76,16 @@ def test_the_webhook_example_reports_http_errors(webhook_class, server):
     [outcome] = webhook_class("hook", {"URL": url}).send_batch(across_aggregates(1))
     assert isinstance(outcome, DeliveryError)
     assert "500" in str(outcome)
+
+
+def test_the_webhook_example_reports_an_unreachable_endpoint_as_an_outage(
+    webhook_class, server
+):
+    port = server.server_port
+    server.shutdown()
+    server.server_close()  # nothing listens on the port any more
+    outcomes = webhook_class("hook", {"URL": f"http://127.0.0.1:{port}/x"}).send_batch(
+        across_aggregates(3)
+    )
+    assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
+    assert "refused" in str(outcomes[0]).lower()
