@@ -24,7 +24,8 @@ CHARACTER SET utf8mb4"``)::
     DATABASE_URL=$PG .venv/bin/python -m bench.bench_users overhead \\
         --plot bench_overhead_postgresql
     # e) a 300 s RabbitMQ outage under a 5 events/s writer (no baseline)
-    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users outage --outage 300
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users outage --outage 300 \\
+        --plot bench_users_outage_postgresql
     # the same figures beside: DATABASE_URL=$MARIADB ..., DATABASE_URL=$SQLITE ...
     # (plot names ending _mariadb, _sqlite)
 
@@ -578,8 +579,22 @@ def outage(args: argparse.Namespace) -> None:
             committed.append(publish_one(len(committed)))
         connections.close_all()
 
+    samples: list[tuple[float, int, int, int]] = []  # time, waiting, expired, retried
+
+    def sampler() -> None:
+        rows = Notification.objects.filter(subscriber=PUBLISHER)
+        while not stop.is_set():
+            done = rows.filter(state=State.SUCCEEDED).count()
+            expired = rows.filter(state=State.EXPIRED).count()
+            retried = rows.filter(attempts__gt=1).count()
+            samples.append((time.time(), len(committed) - done, expired, retried))
+            stop.wait(1.0)
+        connections.close_all()
+
     thread = threading.Thread(target=writer, name="writer")
     thread.start()
+    watcher = threading.Thread(target=sampler, name="sampler")
+    watcher.start()
     try:
         time.sleep(args.before)
         cut_at = time.time()
@@ -598,9 +613,27 @@ def outage(args: argparse.Namespace) -> None:
     finally:
         stop.set()
         thread.join()
+        watcher.join()
         child.terminate()
         child.wait(30)
         proxy.close()
+    if args.plot:
+        from bench.plot import timeline
+
+        start = samples[0][0]
+        path = timeline(
+            args.plot,
+            f"RabbitMQ cut for {args.outage:.0f} s, relay with defaults ({VENDOR})",
+            [t - start for t, *_ in samples],
+            {
+                "events not delivered yet": [w for _, w, _, _ in samples],
+                "EXPIRED": [e for _, _, e, _ in samples],
+                "rows with more than one attempt": [r for *_, r in samples],
+            },
+            (cut_at - start, restored_at - start),
+            "RabbitMQ unreachable",
+        )
+        print(f"plot: {path}")
     during = sum(1 for _, t in committed if cut_at <= t <= restored_at)
     rows = Notification.objects.filter(subscriber=PUBLISHER)
     expired = rows.filter(state=State.EXPIRED).count()
@@ -663,6 +696,7 @@ def main() -> None:
     sub.add_argument("--rate", type=float, default=5, help="events/s written")
     sub.add_argument("--before", type=float, default=10, help="seconds before")
     sub.add_argument("--after", type=float, default=10, help="seconds after drain")
+    sub.add_argument("--plot", help="save the timeline as bench/<PLOT>.png")
     figures.add_parser("overhead", help="run bench/bench_overhead.py with ARGS")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)

@@ -57,3 +57,39 @@ def _figure(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def timeline(
+    name: str,
+    title: str,
+    seconds: list[float],
+    series: dict[str, list[float]],
+    shaded: tuple[float, float] | None = None,
+    shaded_label: str = "",
+) -> Path:
+    """Save lines over time as ``bench/<name>.png``.
+
+    Args:
+        name: file name without extension, relative to ``bench/`` or absolute.
+        title: chart title.
+        seconds: the x values, in seconds.
+        series: legend label -> one value per x.
+        shaded: an interval of x to shade (an outage, say), and its legend label.
+
+    Returns:
+        The path written.
+    """
+    path = Path(__file__).parent / f"{name}.png"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if shaded is not None:
+        ax.axvspan(*shaded, color="0.9", label=shaded_label)
+    for label, values in series.items():
+        ax.plot(seconds, values, label=label)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("rows")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
