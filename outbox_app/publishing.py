@@ -48,7 +48,27 @@ class _Action:
     id: uuid.UUID
     name: str
     params: dict[str, Any]
-    published: set[str] = field(default_factory=set)  # aliases written to
+    #: Savepoint depth of each alias when the block began.
+    depth: dict[str, int] = field(default_factory=dict)
+    #: Aliases written to -> whether a write may have been rolled back since
+    #: (it ran in a savepoint the block opened, which may have been undone).
+    published: dict[str, bool] = field(default_factory=dict)
+
+    def record(self, alias: str) -> None:
+        """A publish() of this action wrote to ``alias``."""
+        depth = len(transaction.get_connection(alias).savepoint_ids)
+        nested = depth > self.depth.setdefault(alias, depth)
+        self.published[alias] = self.published.get(alias, False) or nested
+
+    def wrote(self) -> bool:
+        """Whether a row of this action is still in its transaction: known
+        without a query unless a write ran in a savepoint the block opened."""
+        for alias, nested in self.published.items():
+            if not nested:
+                return True
+            if OutboxEvent.objects.using(alias).filter(action_id=self.id).exists():
+                return True
+        return False
 
 
 _current_action: contextvars.ContextVar[_Action | None] = contextvars.ContextVar(
@@ -105,8 +125,9 @@ def publish(
         for row in rows:
             row.action_id, row.action_name = action.id, action.name
             row.action_params = action.params
-        action.published.add(alias)
     _insert(rows, alias, texts)
+    if action is not None:
+        action.record(alias)  # only once the rows are written
     _wake_on_commit(alias)
     return rows
 
@@ -138,14 +159,17 @@ def outbox_action(
         dict(params or {}), name, outbox_settings.MAX_PAYLOAD_BYTES
     )
     action = _Action(id=new_event_id(), name=name, params=params_json)
+    alias = using or router.db_for_write(OutboxEvent)
+    action.depth[alias] = len(transaction.get_connection(alias).savepoint_ids)
     token = _current_action.set(action)
     try:
         yield action.id
     finally:
         _current_action.reset(token)
-    # Only reached when the block did not raise.
-    if not action.published:
-        alias = using or router.db_for_write(OutboxEvent)
+    # Only reached when the block did not raise. A publish() that failed (and
+    # was caught), or whose savepoint was rolled back, wrote nothing: the
+    # action still leaves its sentinel.
+    if not action.wrote():
         _require_transaction(alias)
         now = timezone.now()
         sentinel = OutboxEvent(

@@ -319,6 +319,33 @@ def test_outbox_action__rolled_back_leaves_nothing():
     assert not OutboxEvent.objects.exists()
 
 
+def test_outbox_action__a_publish_that_failed_and_was_caught_leaves_a_sentinel():
+    """The action published nothing: its only publish() raised (and the caller
+    caught it in a savepoint), so it still leaves its sentinel row."""
+    cart = ("shop.Cart", "s")
+    with transaction.atomic():
+        publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)), aggregate=cart,
+                aggregate_version=1)  # fmt: skip
+    with transaction.atomic(), outbox_action("Import") as action_id:
+        with pytest.raises(DuplicateAggregateVersion), transaction.atomic():
+            publish(
+                OrderPlaced(order_id=2, total=decimal.Decimal(2)),
+                aggregate=cart,
+                aggregate_version=1,
+            )
+    sentinel = OutboxEvent.objects.get(action_id=action_id)
+    assert sentinel.is_sentinel and sentinel.action_name == "Import"
+
+
+def test_outbox_action__a_publish_in_a_rolled_back_savepoint_leaves_a_sentinel():
+    with transaction.atomic(), outbox_action("Tentative") as action_id:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
+            raise RuntimeError("changed my mind")
+    [row] = OutboxEvent.objects.filter(action_id=action_id)
+    assert row.is_sentinel
+
+
 def test_outbox_action__outside_transaction_raises():
     with pytest.raises(OutboxRequiresActiveTransaction), outbox_action("NoTx"):
         pass
