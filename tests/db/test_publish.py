@@ -326,22 +326,30 @@ def test_outbox_action__a_publish_that_failed_and_was_caught_leaves_a_sentinel()
     with transaction.atomic():
         publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)), aggregate=cart,
                 aggregate_version=1)  # fmt: skip
-    with transaction.atomic(), outbox_action("Import") as action_id:
-        with pytest.raises(DuplicateAggregateVersion), transaction.atomic():
-            publish(
-                OrderPlaced(order_id=2, total=decimal.Decimal(2)),
-                aggregate=cart,
-                aggregate_version=1,
-            )
+    with (
+        transaction.atomic(),
+        outbox_action("Import") as action_id,
+        pytest.raises(DuplicateAggregateVersion),
+        transaction.atomic(),  # the savepoint the caller catches the error in
+    ):
+        publish(
+            OrderPlaced(order_id=2, total=decimal.Decimal(2)),
+            aggregate=cart,
+            aggregate_version=1,
+        )
     sentinel = OutboxEvent.objects.get(action_id=action_id)
     assert sentinel.is_sentinel and sentinel.action_name == "Import"
 
 
 def test_outbox_action__a_publish_in_a_rolled_back_savepoint_leaves_a_sentinel():
-    with transaction.atomic(), outbox_action("Tentative") as action_id:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
-            raise RuntimeError("changed my mind")
+    with (
+        transaction.atomic(),
+        outbox_action("Tentative") as action_id,
+        pytest.raises(RuntimeError),
+        transaction.atomic(),  # a savepoint, rolled back
+    ):
+        publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
+        raise RuntimeError("changed my mind")
     [row] = OutboxEvent.objects.filter(action_id=action_id)
     assert row.is_sentinel
 
