@@ -11,6 +11,7 @@ import datetime
 import fcntl
 import functools
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -225,6 +226,55 @@ def _dialect(alias: str, vendor: str) -> Dialect:
         native_uuid=features.has_native_uuid_field,
         quote_char=connection.ops.quote_name("x")[0],
     )
+
+
+#: What :func:`violated_constraint` returns for a primary key.
+PRIMARY_KEY = "primary key"
+
+
+def violated_constraint(error: Exception, model: type[models.Model]) -> str | None:
+    """The unique constraint of ``model`` that ``error`` (an ``IntegrityError``
+    from an INSERT into its table) reports: the name of one of its
+    ``Meta.constraints``, :data:`PRIMARY_KEY`, or None for anything else (a
+    constraint or index of the project's own, a NOT NULL, a check).
+
+    Read from what each driver says of the constraint, never from words of the
+    message a value could contain: psycopg's ``diag.constraint_name``
+    (PostgreSQL names a primary key ``<table>_pkey``); MySQL/MariaDB's ``for
+    key '<name>'`` (``PRIMARY``); SQLite's ``UNIQUE constraint failed:
+    <table>.<column>, ...``, matched to the constraint on those columns.
+    """
+    unique = {
+        c.name: tuple(model._meta.get_field(f).column for f in c.fields)
+        for c in model._meta.constraints
+        if isinstance(c, models.UniqueConstraint) and c.fields
+    }
+    table = model._meta.db_table
+    cause = error.__cause__ or error
+    diag = getattr(cause, "diag", None)
+    if diag is not None:  # psycopg
+        name = diag.constraint_name
+        if name == f"{table}_pkey":
+            return PRIMARY_KEY
+        return name if name in unique else None
+    text = str(cause)
+    key = re.search(r"for key '(?:[^']*\.)?([^'.]+)'", text)  # MySQL, MariaDB
+    if key is not None:
+        name = key.group(1)
+        if name == "PRIMARY":
+            return PRIMARY_KEY
+        return name if name in unique else None
+    failed = re.fullmatch(r"UNIQUE constraint failed: (.+)", text.strip())  # SQLite
+    if failed is not None:
+        columns = tuple(
+            c.strip().rsplit(".", 1)[-1] for c in failed.group(1).split(",")
+        )
+        if columns == (model._meta.pk.column,):
+            return PRIMARY_KEY
+        for name, constrained in unique.items():
+            if columns == constrained:
+                return name
+    return None
 
 
 def is_single_writer(alias: str) -> bool:

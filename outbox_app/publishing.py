@@ -23,7 +23,7 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 
 from .conf import outbox_settings
-from .db import notify_relays
+from .db import PRIMARY_KEY, notify_relays, violated_constraint
 from .events import Event, encode, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
@@ -291,14 +291,14 @@ def _insert(
         with connection.cursor() as cursor:
             cursor.execute(_insert_sql(alias, len(rows), action), params)
     except IntegrityError as exc:
-        text = str(exc).lower()
-        if "aggregate_version" in text:
+        violated = violated_constraint(exc, OutboxEvent)
+        if violated == AGGREGATE_VERSION_UNIQUE:
             raise DuplicateAggregateVersion(
                 f"aggregate {rows[0].aggregate_type}:{rows[0].aggregate_id} already "
                 f"has an event with one of the versions {rows[0].aggregate_version}"
                 f"..{rows[-1].aggregate_version}: {exc}"
             ) from exc
-        if "pkey" in text or "primary" in text or "outboxevent.id" in text:
+        if violated == PRIMARY_KEY:
             raise DuplicateOutboxEvent(
                 f"an outbox event id already exists: {exc}"
             ) from exc
@@ -359,6 +359,9 @@ def _insert_sql(alias: str, count: int, action: bool) -> str:
         f"VALUES {', '.join([one] * count)}"
     )
 
+
+#: The unique constraint on (aggregate_type, aggregate_id, aggregate_version).
+AGGREGATE_VERSION_UNIQUE = "outbox_event_aggregate_version_uniq"
 
 _wakers: dict[str, Any] = {}
 

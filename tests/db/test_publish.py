@@ -7,7 +7,7 @@ import decimal
 import uuid
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -396,3 +396,40 @@ def test_publish__nul_characters_are_refused_before_the_insert():
         # A backslash followed by "u0000" is just text.
         publish({"event_type": "Untyped", "payload": {"path": "C:\\u0000"}})
     assert OutboxEvent.objects.get().payload == {"path": "C:\\u0000"}
+
+
+@pytest.fixture
+def unique_tenant_index():
+    """A unique index of the project's own on the outbox table, whose name
+    happens to hold "primary"."""
+    table = connection.ops.quote_name(OutboxEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE UNIQUE INDEX site_primary_tenant ON {table} (tenant_id)"
+        )
+    yield
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"DROP INDEX site_primary_tenant ON {table}")
+        else:
+            cursor.execute("DROP INDEX site_primary_tenant")
+
+
+def test_publish__errors_are_classified_by_constraint_not_by_message_text(
+    unique_tenant_index,
+):
+    with transaction.atomic():
+        publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)), tenant_id="t")
+    # Another constraint (the project's own index): not a duplicate event id.
+    with pytest.raises(IntegrityError) as raised, transaction.atomic():
+        publish(OrderPlaced(order_id=2, total=decimal.Decimal(2)), tenant_id="t")
+    assert not isinstance(
+        raised.value, DuplicateOutboxEvent | DuplicateAggregateVersion
+    )
+    # Ours still are what they are.
+    [row] = OutboxEvent.objects.all()
+    with pytest.raises(DuplicateOutboxEvent), transaction.atomic():
+        publish(
+            {"event_type": "OrderPlaced", "payload": {"order_id": 3, "total": "1"},
+             "id": row.id}
+        )  # fmt: skip
