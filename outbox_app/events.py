@@ -92,11 +92,18 @@ def validate_event_type(event_type: object) -> str:
     """Return ``event_type`` if it is a usable type name.
 
     Raises:
-        InvalidEventType: not a string, empty, or longer than 255 characters.
+        InvalidEventType: not a string, empty, longer than 255 characters, or
+            holding a NUL character or a lone surrogate (no database column or
+            UTF-8 message can carry them).
     """
     if not isinstance(event_type, str) or not event_type.strip():
         raise InvalidEventType(
             f"event_type must be a non-empty string, got {event_type!r}"
+        )
+    if "\x00" in event_type or not _encodable(event_type):
+        raise InvalidEventType(
+            f"event_type must be text without NUL characters or lone surrogates, "
+            f"got {event_type!a}"
         )
     if len(event_type) > MAX_EVENT_TYPE_LENGTH:
         raise InvalidEventType(
@@ -104,6 +111,14 @@ def validate_event_type(event_type: object) -> str:
             f"{MAX_EVENT_TYPE_LENGTH}: {event_type[:40]!r}..."
         )
     return event_type
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def event_class(event_type: str) -> type[Event] | None:
@@ -165,8 +180,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 #: One encoder for every payload (``json.dumps(..., cls=...)`` builds one per
-#: call): the separators and escapes of ``json.dumps``, NaN refused.
-_ENCODER = OutboxJSONEncoder(allow_nan=False)
+#: call): the separators of ``json.dumps``, NaN refused, text left as UTF-8
+#: (so the size is the stored size, and a lone surrogate, which no JSON column
+#: or UTF-8 wire format can carry, is found by encoding it).
+_ENCODER = OutboxJSONEncoder(allow_nan=False, ensure_ascii=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,22 +265,44 @@ def to_json(
         ``(plain JSON types, their JSON text)``: the text is what is stored.
 
     Raises:
-        InvalidPayload: a value JSON cannot encode; ``.field`` names its key.
+        InvalidPayload: a value JSON cannot encode (``.field`` names its key),
+            a lone surrogate or NUL character, or objects and arrays nested
+            more than :data:`MAX_JSON_DEPTH` levels deep.
         PayloadTooLarge: the encoding is larger than ``max_bytes``.
     """
+    too_deep = InvalidPayload(
+        f"{label} is nested more than {MAX_JSON_DEPTH} levels deep: MariaDB's JSON "
+        "columns refuse it, so it is refused on every database"
+    )
     try:
         text = _ENCODER.encode(data)
+    except RecursionError as exc:
+        raise too_deep from exc
     except (TypeError, ValueError) as exc:
         field = _offending_field(data)
         raise InvalidPayload(
             f"{label}.{field} is not JSON-serialisable: {exc}", field=field
         ) from exc
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidPayload(
+            f"{label} holds a lone surrogate ({text[exc.start : exc.end]!a}), which "
+            "is not Unicode text and cannot be stored or sent as UTF-8 JSON"
+        ) from exc
     if size > max_bytes:
         raise PayloadTooLarge(
             f"{label} payload is {size} bytes; OUTBOX_MAX_PAYLOAD_BYTES is {max_bytes}"
         )
-    decoded = loads(text)
+    # A nesting deeper than the limit needs more opening brackets than that
+    # (counted at C speed); only then is the decoded value walked.
+    deep = text.count("{") + text.count("[") > MAX_JSON_DEPTH
+    try:
+        decoded = loads(text)
+    except RecursionError as exc:
+        raise too_deep from exc
+    if deep and _depth(decoded) > MAX_JSON_DEPTH:
+        raise too_deep
     # JSON escapes NUL as \u0000: only then look for the field holding it.
     for key, value in decoded.items() if "\\u0000" in text else ():
         if _has_nul(key) or _has_nul(value):
@@ -274,6 +313,30 @@ def to_json(
                 field=str(key),
             )
     return decoded, text
+
+
+#: Deepest nesting of objects and arrays a payload or headers may have: what
+#: MariaDB's JSON columns accept (its ``JSON_VALID`` check refuses deeper
+#: documents), so a payload stored on one database is stored on all three.
+MAX_JSON_DEPTH = 31
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value``'s objects and arrays nest (a scalar: 0), without
+    recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _has_nul(value: Any) -> bool:

@@ -29,6 +29,7 @@ from .exceptions import (
     DuplicateAggregateVersion,
     DuplicateOutboxEvent,
     InvalidEvent,
+    InvalidPayload,
     OutboxRequiresActiveTransaction,
 )
 from .models import OutboxEvent, new_event_id
@@ -222,6 +223,10 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id):
     text that stores it (encoded once, when it was validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidPayload(
+            f"headers must be a mapping, got {type(headers).__name__}", field="headers"
+        )
     envelope, envelope_text = to_json(dict(headers or {}), "headers", max_bytes)
     texts = {id(envelope): envelope_text}
     namespace = outbox_settings.NAMESPACE
