@@ -132,7 +132,7 @@ class Dialect:
     about one database: its capabilities and how values cross the DB-API.
 
     Attributes:
-        vendor: ``connection.vendor``, for messages only.
+        alias, vendor: the database alias and ``connection.vendor``.
         skip_locked: ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8,
             MariaDB 10.6+); SQLite serialises its writers instead.
         lock_of: ``FOR UPDATE OF <table>`` (PostgreSQL).
@@ -146,6 +146,7 @@ class Dialect:
         native_uuid: UUIDs cross as ``uuid.UUID``; elsewhere as 32 hex digits.
     """
 
+    alias: str
     vendor: str
     skip_locked: bool
     lock_of: bool
@@ -179,19 +180,17 @@ class Dialect:
         return uuid.UUID(value)
 
     def datetime_param(self, value: datetime.datetime) -> Any:
-        """As ``DateTimeField`` stores it: aware on PostgreSQL, naive UTC text
-        or value elsewhere (``USE_TZ``)."""
-        if self.vendor == "postgresql":
-            return value
-        if settings.USE_TZ and timezone.is_aware(value):
-            value = timezone.make_naive(value, datetime.UTC)
-        return value.isoformat(" ") if self.vendor == "sqlite" else value
+        """As ``DateTimeField`` stores it (Django's own adaptation: aware on
+        PostgreSQL, naive text in the connection's time zone elsewhere)."""
+        return connections[self.alias].ops.adapt_datetimefield_value(value)
 
     def datetime_value(self, value: Any) -> datetime.datetime | None:
-        if isinstance(value, str):  # SQLite, from an expression
+        """A datetime read back: aware in the connection's time zone, as
+        ``DateTimeField`` reads it (SQLite returns expressions as text)."""
+        if isinstance(value, str):
             value = parse_datetime(value)
         if value is not None and settings.USE_TZ and timezone.is_naive(value):
-            value = value.replace(tzinfo=datetime.UTC)
+            value = timezone.make_aware(value, connections[self.alias].timezone)
         return value
 
     @staticmethod
@@ -217,6 +216,7 @@ def _dialect(alias: str, vendor: str) -> Dialect:
     if vendor == "sqlite":
         returning = connection.Database.sqlite_version_info >= (3, 35)
     return Dialect(
+        alias=alias,
         vendor=vendor,
         skip_locked=features.has_select_for_update_skip_locked,
         lock_of=features.has_select_for_update_of,

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import connections
 from django.utils import timezone
@@ -36,7 +36,7 @@ class Batch:
     """Rows claimed for one subscriber under one lease token.
 
     Attributes:
-        contexts: the claimed deliveries still held, in notification id order.
+        contexts: the claimed deliveries, in notification id order.
         now: the claim's clock; :meth:`clock` moves it on with the time spent.
         started: ``time.monotonic()`` at the claim.
         renewed: ``time.monotonic()`` when the rows were last leased.
@@ -48,7 +48,7 @@ class Batch:
     contexts: list[DeliveryContext]
     now: datetime.datetime
     started: float
-    renewed: float = field(default=0.0)
+    renewed: float
     fanned_out: int = 0
 
     @classmethod
@@ -117,8 +117,8 @@ class Batch:
         """The ``contexts`` this batch still holds, re-leased for a whole lease
         if a tenth of it has passed since they were last leased.
 
-        Rows another relay holds now are dropped from the batch (the caller
-        counts them as lost); they are never run by this relay.
+        Rows another relay holds now are left out (the caller counts them as
+        lost); they are never run by this relay.
         """
         lease = outbox_settings.LEASE_SECONDS
         if time.monotonic() - self.renewed <= lease / 10 or not contexts:
@@ -132,10 +132,7 @@ class Batch:
             clock,
         )
         self.renewed = renewed
-        kept = [c for c in contexts if c.notification_id in held]
-        if len(kept) < len(contexts):
-            self.contexts = [c for c in self.contexts if c.notification_id in held]
-        return kept
+        return [c for c in contexts if c.notification_id in held]
 
     def release(self) -> RelayReport:
         """Hand every row back unattempted (a batch claimed ahead that is not

@@ -64,8 +64,6 @@ EVENT_COLUMNS = (
     "action_id",
     "occurred_at",
 )
-#: The notification columns a delivery reads, before the event's.
-NOTIFICATION_COLUMNS = ("id", "attempts", "subscriber")
 
 
 def _states(states: Sequence[str]) -> str:
@@ -528,6 +526,7 @@ class _Statements:
             else ("INSERT INTO", " ON CONFLICT DO NOTHING")
         )
 
+        @functools.cache
         def insert(count: int) -> str:
             return (
                 f"{ignore_prefix} {n} ({columns}) SELECT {values} FROM {e} b "
@@ -535,9 +534,11 @@ class _Statements:
                 f"ORDER BY b.id{ignore_suffix}"
             )
 
+        @functools.cache
         def flip(count: int) -> str:
             return f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)}"
 
+        @functools.cache
         def read(count: int) -> str:
             return (
                 f"SELECT c.id, c.attempts, c.subscriber, {read_columns} FROM {n} c "
@@ -548,7 +549,12 @@ class _Statements:
 
         # Parameters: the find's; the insert's values, subscriptions, ids; the
         # flip's ids; the read's ids, name and token (see Gateway.fan_out).
-        return select, _cached(insert), _cached(flip), _cached(read)
+        return (
+            select,
+            functools.cache(insert),
+            functools.cache(flip),
+            functools.cache(read),
+        )
 
     # -- claims
 
@@ -622,9 +628,11 @@ class _Statements:
                 f"FROM c JOIN {e} e ON e.id = c.event_id ORDER BY c.id"
             )
 
+        @functools.cache
         def mark(count: int) -> str:
             return f"UPDATE {n} SET {assign} WHERE {d.in_list('id', count)}"
 
+        @functools.cache
         def read(count: int) -> str:
             return (
                 f"SELECT c.id, c.attempts, c.subscriber, {event_columns} FROM {n} c "
@@ -637,8 +645,8 @@ class _Statements:
             # (one per event column) scan the events table for every row; the
             # claimed ids are read back by primary key instead.
             claim = f"UPDATE {n} SET {assign} WHERE id IN ({candidates}) RETURNING id"
-            return claim, _cached(read)
-        return candidates, _cached(mark), _cached(read)
+            return claim, read
+        return candidates, mark, read
 
     # -- outcomes
 
@@ -673,7 +681,3 @@ class _Statements:
             "lease_token = NULL, locked_by = '', updated_at = %s "
             f"WHERE {self._held(count)}"
         )
-
-
-def _cached(build):
-    return functools.cache(build)

@@ -24,7 +24,6 @@ call returns.
 
 from __future__ import annotations
 
-import logging
 import random
 import signal
 import threading
@@ -42,8 +41,6 @@ from ..subscribers import DeliveryContext, Handler
 from .batch import Batch
 from .outcomes import Outcomes
 from .retry import RetryPolicy
-
-logger = logging.getLogger("django.db.backends.base")
 
 #: Longest a group of handlers shares one transaction, in seconds (a group
 #: always runs at least one handler). Short enough that a group's locks and its
@@ -96,7 +93,6 @@ class _Runner:
         failures: list[tuple[DeliveryContext, BaseException]] = []
         taken = 0
         connection = connections[self.using]
-        after_commit = None  # the group's on_commit callbacks, when it sent nothing
         try:
             with transaction.atomic(using=self.using):
                 callbacks = len(connection.run_on_commit)
@@ -125,23 +121,21 @@ class _Runner:
                             # groups would otherwise deadlock on an
                             # application's hot rows).
                             break
-                if guard.queried:
+                in_transaction = guard.queried or bool(
+                    connection.run_on_commit[callbacks:]
+                )
+                if in_transaction:
                     # The compare-and-set of the whole group, in its
-                    # transaction: it marks only rows still leased under this
-                    # batch's token and locks them until the commit; if one
-                    # was taken over, it raises LeaseLost.
+                    # transaction (with the handlers' writes, before their
+                    # on_commit callbacks): it marks only rows still leased
+                    # under this batch's token and locks them until the
+                    # commit; if one was taken over, it raises LeaseLost.
                     self.outcomes.succeeded(succeeded, all_or_none=True)
-                else:
-                    # No handler queried: the transaction holds nothing (on
-                    # PostgreSQL it has not even begun), so the mark is sent
-                    # after it, alone, in autocommit, and the handlers'
-                    # on_commit callbacks run after the mark, as a commit
-                    # would run them.
-                    after_commit = connection.run_on_commit[callbacks:]
-                    del connection.run_on_commit[callbacks:]
-            if after_commit is not None:
+            if not in_transaction:
+                # Nothing was sent in the group's transaction (on PostgreSQL
+                # it did not even begin) and nothing waits for its commit:
+                # the mark goes alone, in autocommit.
                 self.outcomes.succeeded(succeeded)
-                _run_callbacks(after_commit)
         except LeaseLost:
             # A handler outran the lease and another relay claimed its row:
             # every write of the group is rolled back, the rows still held are
@@ -177,9 +171,7 @@ class _Runner:
             with _time_limit(handler.timeout, guard) as timer:
                 handler.fn(event, context)
             if timer.fired:  # the handler caught HandlerTimeout and returned
-                raise HandlerTimeout(
-                    f"handler ran longer than its timeout of {handler.timeout}s"
-                )
+                raise guard.timed_out()
 
         return guard.run(call)
 
@@ -194,24 +186,6 @@ def event_for(context: DeliveryContext) -> Any:
     if event_class(context.event_type) is None:
         return context.payload
     return decode(context.event_type, context.revision, context.payload)
-
-
-def _run_callbacks(callbacks: list) -> None:
-    """Run ``transaction.on_commit`` callbacks as Django runs them after a
-    commit: in order; a ``robust`` one's exception is logged, not raised."""
-    for _, func, robust in callbacks:
-        if not robust:
-            func()
-            continue
-        try:
-            func()
-        except Exception as exc:
-            logger.error(
-                "Error calling %s in on_commit() (%s).",
-                getattr(func, "__qualname__", func),
-                exc,
-                exc_info=True,
-            )
 
 
 class _Guard:

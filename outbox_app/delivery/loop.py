@@ -162,6 +162,7 @@ def deliver(
                     continue
                 batch = ahead.take(subscriber) or claim(subscriber)
                 report.fanned_out += batch.fanned_out
+                report.claimed += len(batch)
                 # A full batch may have more behind it; so may any batch of an
                 # ordered subscriber, which claims only each aggregate's head.
                 more = len(batch) == batch_size or (subscriber.ordered and len(batch))
@@ -178,7 +179,6 @@ def deliver(
                     # batch is marked: no window for it.
                     runner.deliver(batch, report, last=not more or subscriber.ordered)
                 elif len(batch):
-                    report.claimed += len(batch)
                     outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
                     assert isinstance(subscriber, Handler)
                     run_handlers(batch, subscriber, outcomes, stop, rng)

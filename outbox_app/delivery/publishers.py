@@ -38,6 +38,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from ..backoff import backoff_ceiling
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, PublisherUnavailable
 from ..publishers.base import Publisher
@@ -71,7 +72,6 @@ class PublisherRunner:
         """Send ``batch``, then collect and record the batch sent before it.
         ``last``: no batch follows soon, so collect this one at once too."""
         outcomes = Outcomes(batch.gateway, self.publisher, batch.token, report)
-        report.claimed += len(batch)
         claimed = batch.contexts
         contexts = batch.keep(claimed)
         outcomes.lost(len(claimed) - len(contexts), "were taken over")
@@ -229,9 +229,6 @@ class Pauses:
         self._lock = threading.Lock()
         self._paused: dict[str, Pause] = {}
 
-    def get(self, name: str) -> Pause | None:
-        return self._paused.get(name)
-
     def clear(self) -> None:
         """Forget every pause (tests)."""
         with self._lock:
@@ -312,7 +309,7 @@ def probe_delay(probes: int, rng: random.Random | None = None) -> float:
     """Seconds before the next probe after ``probes`` failed ones: doubling
     from 0.5 s to ``OUTBOX_PAUSE_MAX_SECONDS``, "equal jitter" (half of it
     random) so relays that paused together do not probe together."""
-    ceiling = min(outbox_settings.PAUSE_MAX_SECONDS, 0.5 * 2 ** min(probes, 30))
+    ceiling = backoff_ceiling(probes + 1, 0.5, outbox_settings.PAUSE_MAX_SECONDS)
     return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 
