@@ -106,6 +106,19 @@ class Stopwatch:
             )
 
 
+def lock_skipping_locked(queryset):
+    """``select_for_update(skip_locked=True)`` where the database has it,
+    locking only the queryset's own table (the baselines' one-row claims); a
+    no-op on SQLite, whose writers are serialised."""
+    from django.db import connections
+
+    features = connections[queryset.db].features
+    if not features.has_select_for_update:
+        return queryset
+    of = ("self",) if features.has_select_for_update_of else ()
+    return queryset.select_for_update(skip_locked=True, of=of)
+
+
 def vacuum() -> None:
     """On PostgreSQL, VACUUM ANALYZE the outbox tables: each round deletes and
     re-creates 100,000 rows, faster than autovacuum catches up, and the dead

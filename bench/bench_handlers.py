@@ -42,9 +42,13 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import summarize, vacuum, without_claim_ahead  # noqa: E402
+from bench import (  # noqa: E402
+    lock_skipping_locked,
+    summarize,
+    vacuum,
+    without_claim_ahead,
+)
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
-from outbox_app.db import lock_skipping_locked  # noqa: E402
 from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.delivery import handlers as delivery_handlers  # noqa: E402
 from outbox_app.events import decode  # noqa: E402

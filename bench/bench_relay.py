@@ -32,9 +32,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import context_for  # noqa: E402
+from bench import context_for, lock_skipping_locked  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
-from outbox_app.db import lock_skipping_locked  # noqa: E402
 from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.states import State  # noqa: E402

@@ -68,16 +68,6 @@ class FilteredIndex(models.Index):
         return concrete.create_sql(model, schema_editor, using=using, **kwargs)
 
 
-def lock_skipping_locked(queryset: QuerySet) -> QuerySet:
-    """``select_for_update(skip_locked=True)`` where supported, locking only the
-    queryset's own table; a no-op on SQLite, whose writers are serialised."""
-    features = connections[queryset.db].features
-    if not features.has_select_for_update:
-        return queryset
-    of = ("self",) if features.has_select_for_update_of else ()
-    return queryset.select_for_update(skip_locked=True, of=of)
-
-
 def lock_waiting(queryset: QuerySet) -> QuerySet:
     """``select_for_update()`` that waits for other lockers; a no-op on SQLite."""
     if not connections[queryset.db].features.has_select_for_update:
@@ -275,6 +265,22 @@ def violated_constraint(error: Exception, model: type[models.Model]) -> str | No
             if columns == constrained:
                 return name
     return None
+
+
+def deadlocked(error: Exception) -> bool:
+    """Whether the database broke a deadlock by rolling back the transaction
+    that raised ``error`` (a ``DatabaseError``): PostgreSQL's SQLSTATE
+    ``40P01`` (psycopg's ``sqlstate``, psycopg2's ``pgcode``), MySQL/MariaDB's
+    error 1213 (``ER_LOCK_DEADLOCK``). Such a victim is meant to run again
+    ("always be prepared to re-issue a transaction if it fails due to
+    deadlock": MySQL's InnoDB manual, *How to Minimize and Handle
+    Deadlocks*); SQLite has one writer and no deadlocks."""
+    cause = error.__cause__ or error
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if code is not None:
+        return code == "40P01"
+    args = getattr(cause, "args", ())
+    return bool(args) and args[0] == 1213
 
 
 def is_single_writer(alias: str) -> bool:

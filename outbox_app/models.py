@@ -29,6 +29,10 @@ from .querysets import (
 )
 from .states import CLAIMABLE, UNFINISHED, State
 
+#: The unique constraint on (aggregate_type, aggregate_id, aggregate_version):
+#: publish() reports its violation as DuplicateAggregateVersion.
+AGGREGATE_VERSION_UNIQUE = "outbox_event_aggregate_version_uniq"
+
 
 def new_event_id() -> uuid.UUID:
     """A UUIDv7 (see :mod:`outbox_app.ids`): time-ordered, so the primary key
@@ -71,7 +75,7 @@ class OutboxEvent(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["aggregate_type", "aggregate_id", "aggregate_version"],
-                name="outbox_event_aggregate_version_uniq",
+                name=AGGREGATE_VERSION_UNIQUE,
             ),
         ]
         indexes = [

@@ -32,7 +32,7 @@ from .exceptions import (
     InvalidPayload,
     OutboxRequiresActiveTransaction,
 )
-from .models import OutboxEvent, new_event_id
+from .models import AGGREGATE_VERSION_UNIQUE, OutboxEvent, new_event_id
 
 logger = logging.getLogger("outbox_app.publishing")
 
@@ -364,9 +364,6 @@ def _insert_sql(alias: str, count: int, action: bool) -> str:
         f"VALUES {', '.join([one] * count)}"
     )
 
-
-#: The unique constraint on (aggregate_type, aggregate_id, aggregate_version).
-AGGREGATE_VERSION_UNIQUE = "outbox_event_aggregate_version_uniq"
 
 _wakers: dict[str, Any] = {}
 
