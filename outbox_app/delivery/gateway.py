@@ -35,16 +35,19 @@ from __future__ import annotations
 
 import datetime
 import functools
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
-from ..db import Dialect, dialect
+from ..db import Dialect, deadlocked, dialect
 from ..models import Notification, OutboxEvent
 from ..states import CLAIMABLE, UNFINISHED, State
 from ..subscribers import DeliveryContext
+
+logger = logging.getLogger("outbox_app.relay")
 
 N = Notification._meta.db_table
 E = OutboxEvent._meta.db_table
@@ -92,6 +95,34 @@ class Subscription:
     event_types: frozenset[str] | None
 
 
+#: How many times a step runs when the database keeps choosing it as a
+#: deadlock victim.
+DEADLOCK_ATTEMPTS = 5
+
+
+def _reissued_on_deadlock(step):
+    """Run a :class:`Gateway` step again when the database broke a deadlock
+    by rolling it back (:func:`outbox_app.db.deadlocked`): relays claiming
+    side by side on MariaDB deadlock now and then, InnoDB waiting on index
+    records of a ``SKIP LOCKED`` scan that another claim is marking. A step
+    is its own transaction, so the victim left nothing behind; inside a
+    caller's transaction (a handler group marking with its writes) the whole
+    transaction is gone and the error is the caller's."""
+
+    @functools.wraps(step)
+    def run(self, *args, **kwargs):
+        attempts = 1 if connections[self.using].in_atomic_block else DEADLOCK_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            try:
+                return step(self, *args, **kwargs)
+            except DatabaseError as exc:
+                if attempt == attempts or not deadlocked(exc):
+                    raise
+                logger.debug("relay %s was a deadlock victim, reissued", step.__name__)
+
+    return run
+
+
 class Gateway:
     """The statements of the relay on database ``using``.
 
@@ -112,6 +143,7 @@ class Gateway:
 
     # --- fan-out ------------------------------------------------------------------
 
+    @_reissued_on_deadlock
     def fan_out(
         self,
         subscriptions: Sequence[Subscription],
@@ -193,6 +225,7 @@ class Gateway:
 
     # --- claims -----------------------------------------------------------------
 
+    @_reissued_on_deadlock
     def claim(
         self,
         names: Sequence[str],
@@ -258,6 +291,7 @@ class Gateway:
 
     # --- outcomes (compare-and-set on the lease token) -------------------------------
 
+    @_reissued_on_deadlock
     def renew(
         self, token: uuid.UUID, ids: Sequence[int], expiry: datetime.datetime, now
     ) -> set[int]:
@@ -281,6 +315,7 @@ class Gateway:
             cursor.execute(sql.held(len(ids)), params[3:])
             return {row[0] for row in cursor.fetchall()}
 
+    @_reissued_on_deadlock
     def succeed(
         self, token: uuid.UUID, ids: Sequence[int], now: datetime.datetime
     ) -> int:
@@ -295,6 +330,7 @@ class Gateway:
             cursor.execute(_statements(self.using, d.vendor).succeed(len(ids)), params)
             return cursor.rowcount
 
+    @_reissued_on_deadlock
     def fail(
         self,
         token: uuid.UUID,
@@ -329,6 +365,7 @@ class Gateway:
             cursor.execute(_statements(self.using, d.vendor).fail, params)
             return cursor.rowcount == 1
 
+    @_reissued_on_deadlock
     def release(
         self,
         token: uuid.UUID,
@@ -437,6 +474,15 @@ class _Statements:
             f"AND state = '{State.RUNNING}'"
         )
 
+    def _read(self, where: str) -> str:
+        """Claimed notifications (``c``) with the event columns a delivery
+        reads, in notification id order."""
+        columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        return (
+            f"SELECT c.id, c.attempts, c.subscriber, {columns} FROM {self.n} c "
+            f"JOIN {self.e} e ON e.id = c.event_id WHERE {where} ORDER BY c.id"
+        )
+
     # -- fan-out
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
@@ -540,11 +586,9 @@ class _Statements:
 
         @functools.cache
         def read(count: int) -> str:
-            return (
-                f"SELECT c.id, c.attempts, c.subscriber, {read_columns} FROM {n} c "
-                f"JOIN {e} e ON e.id = c.event_id "
-                f"WHERE {d.in_list('c.event_id', count)} AND c.subscriber = %s "
-                "AND c.lease_token = %s ORDER BY c.id"
+            return self._read(
+                f"{d.in_list('c.event_id', count)} AND c.subscriber = %s "
+                "AND c.lease_token = %s"
             )
 
         # Parameters: the find's; the insert's values, subscriptions, ids; the
@@ -634,11 +678,7 @@ class _Statements:
 
         @functools.cache
         def read(count: int) -> str:
-            return (
-                f"SELECT c.id, c.attempts, c.subscriber, {event_columns} FROM {n} c "
-                f"JOIN {e} e ON e.id = c.event_id "
-                f"WHERE {d.in_list('c.id', count)} ORDER BY c.id"
-            )
+            return self._read(d.in_list("c.id", count))
 
         if d.update_returning:
             # SQLite: RETURNING may not join, and scalar subqueries there
