@@ -11,6 +11,16 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def clear() -> None:
+    """Empty the outbox: notifications, events and the subscriptions relays
+    recorded (a benchmark's subscribers are its own; another run's would get
+    notifications too)."""
+    from outbox_app.models import Notification, OutboxEvent, Subscription
+
+    for model in (Notification, OutboxEvent, Subscription):
+        model.objects.all().delete()
+
+
 @contextlib.contextmanager
 def without_claim_ahead() -> Iterator[None]:
     """The relay as it was before claiming the next batch ahead: one batch at a

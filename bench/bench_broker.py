@@ -41,8 +41,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import context_for, rabbit, summarize, vacuum, without_claim_ahead  # noqa: E402
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from bench import clear, context_for, rabbit, summarize, vacuum, without_claim_ahead  # noqa: E402
+from outbox_app import Notification, publish  # noqa: E402
 from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.states import State  # noqa: E402
@@ -53,8 +53,7 @@ EXCHANGE = QUEUE = "outbox-bench-broker"
 
 def prepare(events: int, publisher: KombuPublisher) -> list[rabbit.Message]:
     """Commit ``events`` events, fan them out; return their encoded messages."""
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     for start in range(0, events, 1000):
         with transaction.atomic():
             publish(
@@ -146,8 +145,7 @@ def main() -> None:
         title=f"{args.events:,} events to RabbitMQ with confirms ({connection.vendor})",
         plot=args.plot,
     )
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     rabbit.delete(EXCHANGE, QUEUE)
     publisher.close()
 

@@ -43,12 +43,13 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import (  # noqa: E402
+    clear,
     lock_skipping_locked,
     summarize,
     vacuum,
     without_claim_ahead,
 )
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app import Notification, publish  # noqa: E402
 from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.delivery import handlers as delivery_handlers  # noqa: E402
 from outbox_app.events import decode  # noqa: E402
@@ -69,8 +70,7 @@ HANDLER = Handler(name="bench.noop", event_types=frozenset({"OrderPlaced"}), fn=
 
 def prepare(events: int) -> None:
     """``events`` committed, undelivered OrderPlaced events, nothing else."""
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     for start in range(0, events, 1000):
         with transaction.atomic():
             publish(
@@ -175,8 +175,7 @@ def main() -> None:
         title=f"No-op handler, one worker ({connection.vendor})",
         plot=args.plot,
     )
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench import percentile  # noqa: E402
-from outbox_app import Notification, OutboxEvent, handler, publish  # noqa: E402
+from bench import clear, percentile  # noqa: E402
+from outbox_app import handler, publish  # noqa: E402
 from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
 
 EVENT_TYPE = "bench1.Ping"
@@ -78,8 +78,7 @@ def publish_steady(count: int, rate: float) -> dict[str, float]:
 
 def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list[float]:
     """Milliseconds commit -> handler start (or broker confirm), one per event."""
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     log = Path(f"/tmp/bench1-latency-{path}-{mode}.log")
     log.unlink(missing_ok=True)
     events_committed.disconnect(wake_relays, dispatch_uid="outbox_app.wake_relays")

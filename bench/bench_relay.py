@@ -32,8 +32,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import context_for, lock_skipping_locked  # noqa: E402
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from bench import clear, context_for, lock_skipping_locked  # noqa: E402
+from outbox_app import Notification, publish  # noqa: E402
 from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.states import State  # noqa: E402
@@ -46,8 +46,7 @@ class NullPublisher(Publisher):
 
 
 def prepare(events: int, publisher: Publisher) -> None:
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     for start in range(0, events, 500):
         with transaction.atomic():
             publish(
@@ -123,8 +122,7 @@ def main() -> None:
     for name, values in rates.items():
         rate = statistics.median(values)
         print(f"{name:<26}{rate:>24.0f}{rate / base:>12.1f}x")
-    Notification.objects.all().delete()
-    OutboxEvent.objects.all().delete()
+    clear()
     if args.broker:
         with publisher._connection.channel() as channel:
             channel.queue_delete("outbox-bench")

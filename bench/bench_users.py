@@ -116,7 +116,7 @@ from django.utils import timezone  # noqa: E402
 from bench import bare, context_for, percentile, rabbit, summarize, vacuum  # noqa: E402
 from bench.benchapp.events import OrderPlaced  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
-from outbox_app.models import SubscriberPause  # noqa: E402
+from outbox_app.models import SubscriberPause, Subscription  # noqa: E402
 from outbox_app.states import State  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,9 +193,9 @@ def start_up(**env: str) -> float:
 
 
 def reset() -> None:
-    """Empty the outbox tables (and the recorded publisher pauses)."""
+    """Empty the outbox tables (and the recorded pauses and subscriptions)."""
     with connection.cursor() as cursor:
-        for model in (Notification, OutboxEvent, SubscriberPause):
+        for model in (Notification, OutboxEvent, SubscriberPause, Subscription):
             cursor.execute(f"DELETE FROM {model._meta.db_table}")
     vacuum()
 

@@ -134,3 +134,10 @@ class RelayAlreadyRunning(OutboxError):
 
 class UnknownSubscriber(OutboxError, LookupError):
     """A subscriber name matches no registered handler or configured publisher."""
+
+
+class SubscriptionInUse(OutboxError):
+    """Retiring a subscription a running relay still has (it refreshed the row
+    within ``SERVED_SECONDS``, five minutes): its subscriber would silently
+    stop receiving new events. Retire it once the code without it is deployed
+    everywhere, or pass ``force`` (``--force``)."""

@@ -6,11 +6,14 @@ millisecond timestamp, seeded randomly each millisecond and incremented within
 one). Unlike generators that advance the timestamp by a millisecond for every id
 made faster than the clock, a burst of ids never runs ahead of real time, so ids
 of different processes keep sorting by when they were made (to the millisecond).
+
+A relay process is named by :func:`worker_name`.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import uuid
@@ -46,3 +49,9 @@ def _uuid7() -> uuid.UUID:
 
 
 new_event_id = getattr(uuid, "uuid7", _uuid7)
+
+
+def worker_name() -> str:
+    """``host:pid``: a relay process, as ``locked_by`` on the rows it leased and
+    ``last_seen_by`` on the subscriptions it has."""
+    return f"{socket.gethostname()}:{os.getpid()}"

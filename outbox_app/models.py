@@ -26,6 +26,7 @@ from .querysets import (
     NotificationQuerySet,
     OutboxEventQuerySet,
     SubscriberPauseQuerySet,
+    SubscriptionQuerySet,
 )
 from .states import CLAIMABLE, UNFINISHED, State
 
@@ -224,6 +225,53 @@ class SubscriberPause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subscriber} paused at {self.paused_at}"
+
+
+class Subscription(models.Model):
+    """One subscriber's subscription to one event type, as relays recorded it
+    (``delivery/fanout.py``): fan-out creates a notification for every active
+    subscription of an event's type, whichever relay runs it, so a subscriber
+    one relay has reaches every relay during a rolling deploy. A relay
+    delivers only to the subscribers it has. NServiceBus's subscription
+    storage (message type, subscriber endpoint) is the model.
+
+    Rows are inserted by relays (and ``manage.py outbox_subscribers
+    --record``), refreshed while a relay has them (``last_seen_at``), and
+    retired only by an operator (``outbox_subscribers --retire``, the admin
+    action) or by a rename (a subscriber's ``aliases``); a retired row gets
+    no new notifications until it is reactivated.
+    """
+
+    subscriber = models.CharField(max_length=150)
+    event_type = models.CharField(
+        max_length=255, help_text=_("An event type, or * for every type.")
+    )
+    kind = models.CharField(max_length=20)
+    ordered = models.BooleanField(default=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(
+        default=timezone.now, help_text=_("When a relay that has it last ran.")
+    )
+    last_seen_by = models.CharField(max_length=255, blank=True, default="")
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Empty while active.")
+    )
+    retired_by = models.CharField(max_length=255, blank=True, default="")
+
+    objects = SubscriptionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("subscription")
+        verbose_name_plural = _("subscriptions")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscriber", "event_type"],
+                name="outbox_subscription_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} <- {self.event_type}"
 
 
 class OutboxOverview(Notification):

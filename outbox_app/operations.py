@@ -14,12 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from . import registry
+from .exceptions import SubscriptionInUse
 from .models import Notification, OutboxEvent
-from .states import EXPIRABLE, REQUEUEABLE, RETRYABLE, SKIPPABLE, State
+from .states import ABANDONABLE, EXPIRABLE, REQUEUEABLE, RETRYABLE, SKIPPABLE, State
+from .subscribers import WILDCARD
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
@@ -216,6 +218,77 @@ def replay_to(
             )
 
 
+#: What retiring a subscription does with its subscriber's waiting rows.
+WAITING = ("skip", "keep")
+
+
+def retire(
+    subscriptions: QuerySet,
+    *,
+    waiting: str,
+    by: str,
+    force: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> tuple[int, int]:
+    """Retire subscriptions (:class:`~outbox_app.models.Subscription` rows):
+    fan-out creates no notification for them from now on.
+
+    Args:
+        subscriptions: a Subscription queryset; retired rows in it are left
+            alone.
+        waiting: ``"skip"``: the subscriber's PENDING, FAILED and EXPIRED
+            notifications of those event types become SKIPPED (finished; RUNNING
+            rows are left to the relay that leased them); ``"keep"``: they stay
+            as they are, delivered if a relay that has the subscriber runs.
+        by: who retired them, stored as ``retired_by`` (``"admin: alice"``).
+        force: retire even rows a running relay still has.
+        batch_size: notifications per UPDATE.
+
+    Returns:
+        ``(subscriptions retired, notifications skipped)``.
+
+    Raises:
+        SubscriptionInUse: a relay refreshed one of them within
+            ``SERVED_SECONDS`` and ``force`` is not set; nothing is changed.
+        ValueError: ``waiting`` is not one of :data:`WAITING`.
+    """
+    if waiting not in WAITING:
+        raise ValueError(f"waiting must be one of {WAITING}, not {waiting!r}")
+    alias = subscriptions.db
+    with transaction.atomic(using=alias):
+        rows = subscriptions.active().select_for_update()
+        served = sorted(rows.served().values_list("subscriber", "event_type"))
+        if served and not force:
+            names = ", ".join(f"{name} <- {event_type}" for name, event_type in served)
+            raise SubscriptionInUse(
+                f"a running relay still has {names}: retire it once no relay "
+                "has it (or force it)"
+            )
+        pairs = list(rows.values_list("subscriber", "event_type"))
+        retired = rows.retire(by[:255])
+    skipped = 0
+    if waiting == "skip" and pairs:
+        match = Q()
+        for name, event_type in pairs:
+            match |= (
+                Q(subscriber=name)
+                if event_type == WILDCARD
+                else Q(subscriber=name, event_type=event_type)
+            )
+        skipped = (
+            Notification.objects.using(alias)
+            .filter(match)
+            .skip(batch_size, states=ABANDONABLE)
+        )
+    return retired, skipped
+
+
+def reactivate(subscriptions: QuerySet) -> int:
+    """Undo :func:`retire`: fan-out creates notifications for them again (not
+    for events fanned out meanwhile). Returns rows reactivated."""
+    return subscriptions.reactivate()
+
+
 def subscriber_choices() -> list[tuple[str, str]]:
     """``(name, label)`` of every handler and publisher, for a form's choices."""
     return [
@@ -227,12 +300,15 @@ def subscriber_choices() -> list[tuple[str, str]]:
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "TRANSITION_STATES",
+    "WAITING",
     "ReplayResult",
     "affected",
     "apply",
     "notifications_matching",
+    "reactivate",
     "replay_to",
     "requeue_deliveries",
     "requeue_matching",
+    "retire",
     "subscriber_choices",
 ]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 
-from django.db.models import F, QuerySet, Value
+from django.db.models import F, Q, QuerySet, Value
 from django.utils import timezone
 
 from .db import insert_select
+from .ids import worker_name
 from .states import (
     CLAIMABLE,
     EXPIRABLE,
@@ -137,12 +138,13 @@ class NotificationQuerySet(QuerySet):
             updated_at=now,
         )
 
-    def skip(self, batch_size: int = 1000) -> int:
-        """Give up delivering: FAILED/EXPIRED -> SKIPPED, finished, the error
-        kept. An ordered subscriber's aggregate held back by the row flows on."""
+    def skip(self, batch_size: int = 1000, states=SKIPPABLE) -> int:
+        """Give up delivering: FAILED/EXPIRED (or ``states``) -> SKIPPED,
+        finished, the error kept. An ordered subscriber's aggregate held back
+        by the row flows on."""
         now = timezone.now()
         return self._in_batches(
-            self.filter(state__in=SKIPPABLE),
+            self.filter(state__in=states),
             batch_size,
             state=State.SKIPPED,
             completed_at=now,
@@ -184,8 +186,6 @@ class SubscriberPauseQuerySet(QuerySet):
         """Write a relay's pause of ``subscriber`` (a
         :class:`outbox_app.delivery.publishers.Pause`), ``resumed_at`` set when
         a probe succeeded."""
-        from .delivery.loop import worker_name
-
         self.update_or_create(
             subscriber=subscriber,
             defaults={
@@ -207,3 +207,88 @@ class SubscriberPauseQuerySet(QuerySet):
         now = now or timezone.now()
         stale = datetime.timedelta(seconds=2 * outbox_settings.PAUSE_MAX_SECONDS + 60)
         return self.filter(resumed_at__isnull=True, resume_at__gte=now - stale)
+
+
+#: How often a relay refreshes ``last_seen_at`` on the subscriptions it has.
+HEARTBEAT_SECONDS = 60
+#: A subscription no relay has refreshed for this long has no relay serving it
+#: (the overview, ``outbox_status`` and ``outbox_subscribers`` say so, and
+#: ``--retire`` needs no ``--force``).
+SERVED_SECONDS = 5 * HEARTBEAT_SECONDS
+
+
+class SubscriptionQuerySet(QuerySet):
+    def active(self) -> SubscriptionQuerySet:
+        return self.filter(retired_at__isnull=True)
+
+    def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
+        """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
+        now = now or timezone.now()
+        cutoff = now - datetime.timedelta(seconds=SERVED_SECONDS)
+        return self.active().filter(last_seen_at__gte=cutoff)
+
+    def unserved(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
+        """Active rows no relay refreshed within :data:`SERVED_SECONDS`: their
+        notifications wait for a relay that has the subscriber."""
+        now = now or timezone.now()
+        cutoff = now - datetime.timedelta(seconds=SERVED_SECONDS)
+        return self.active().filter(last_seen_at__lt=cutoff)
+
+    def record(
+        self,
+        subscribers: Iterable,
+        worker: str,
+        now: datetime.datetime | None = None,
+        heartbeat: bool = True,
+    ) -> None:
+        """Record that a process has ``subscribers`` (:class:`~outbox_app.
+        subscribers.Subscriber` values): one row per subscriber and event type
+        (``*``: every type), inserted if missing (a retired row stays retired),
+        ``last_seen_at`` refreshed when older than :data:`HEARTBEAT_SECONDS`
+        (with ``heartbeat``); the rows of a subscriber's ``aliases`` (its
+        former names) are retired, so a renamed subscriber is not fanned out
+        to twice."""
+        from .subscribers import WILDCARD
+
+        now = now or timezone.now()
+        subscribers = list(subscribers)
+        rows = [
+            self.model(
+                subscriber=s.name,
+                event_type=t,
+                kind=s.kind,
+                ordered=s.ordered,
+                first_seen_at=now,
+                last_seen_at=now,
+                last_seen_by=worker[:255],
+            )
+            for s in subscribers
+            for t in sorted(s.event_types or (WILDCARD,))
+        ]
+        if not rows:
+            return
+        self.bulk_create(rows, ignore_conflicts=True)
+        if heartbeat:
+            stale = now - datetime.timedelta(seconds=HEARTBEAT_SECONDS)
+            mine = Q()
+            for row in rows:
+                mine |= Q(subscriber=row.subscriber, event_type=row.event_type)
+            self.filter(mine, last_seen_at__lt=stale).update(
+                last_seen_at=now, last_seen_by=worker[:255]
+            )
+        aliases = {a: s.name for s in subscribers for a in s.aliases}
+        for alias, name in aliases.items():
+            self.active().filter(subscriber=alias).update(
+                retired_at=now, retired_by=f"renamed to {name}"[:255]
+            )
+
+    def retire(self, by: str, now: datetime.datetime | None = None) -> int:
+        """Retire these rows: fan-out creates no new notification for them.
+        Returns rows retired."""
+        return self.active().update(retired_at=now or timezone.now(), retired_by=by)
+
+    def reactivate(self) -> int:
+        """Undo :meth:`retire`. Returns rows reactivated."""
+        return self.filter(retired_at__isnull=False).update(
+            retired_at=None, retired_by=""
+        )

@@ -37,5 +37,8 @@ EXPIRABLE = (State.PENDING, State.FAILED)
 #: An operator may give up delivering these (-> SKIPPED), which unblocks an
 #: ordered subscriber's aggregate.
 SKIPPABLE = (State.FAILED, State.EXPIRED)
+#: Retiring a subscription may give these up (-> SKIPPED): no relay will
+#: deliver them (RUNNING rows are left to the relay that leased them).
+ABANDONABLE = (State.PENDING, State.FAILED, State.EXPIRED)
 #: Done with: purge may delete these once old.
 FINISHED = (State.SUCCEEDED, State.SKIPPED)

@@ -19,7 +19,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from . import registry
-from .models import Notification, OutboxEvent, SubscriberPause
+from .models import Notification, OutboxEvent, SubscriberPause, Subscription
 from .states import State
 from .subscribers import Subscriber
 
@@ -49,6 +49,11 @@ def overview(
                 {"subscriber": "rabbitmq", "since": "...",
                  "paused_seconds": 42.0, "next_probe": "...", "probes": 3,
                  "reason": "cannot connect to amqp://...", "worker": "host:7"},
+              ],
+              "unserved": [                   # subscriptions no running relay has
+                {"subscriber": "audit", "event_type": "OrderPlaced",
+                 "kind": "handler", "last_seen": "...",
+                 "last_seen_seconds": 900.0, "last_seen_by": "host:7"},
               ],
               "lag_seconds": 12.5,            # oldest waiting delivery or
                                               # fan-out, None when nothing waits
@@ -151,6 +156,7 @@ def overview(
     return {
         "generated_at": now.isoformat(),
         "paused": paused(using=using, now=now),
+        "unserved": unserved(using=using, now=now),
         "lag_seconds": max(lags) if lags else None,
         "states": states,
         "expired": states[State.EXPIRED],
@@ -186,6 +192,34 @@ def paused(
         for pause in SubscriberPause.objects.using(using)
         .paused(now)
         .order_by("paused_at")
+    ]
+
+
+def unserved(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Active subscriptions no running relay has (none refreshed them within
+    ``SERVED_SECONDS``): fan-out still creates their notifications, which
+    wait for a relay that has the subscriber (or for ``outbox_subscribers
+    --retire``).
+
+    Returns:
+        ``[{"subscriber", "event_type", "kind", "last_seen", "last_seen_seconds",
+        "last_seen_by"}, ...]``, least recently seen first.
+    """
+    now = now or timezone.now()
+    return [
+        {
+            "subscriber": s.subscriber,
+            "event_type": s.event_type,
+            "kind": s.kind,
+            "last_seen": s.last_seen_at.isoformat(),
+            "last_seen_seconds": _age(s.last_seen_at, now),
+            "last_seen_by": s.last_seen_by,
+        }
+        for s in Subscription.objects.using(using)
+        .unserved(now)
+        .order_by("last_seen_at", "subscriber", "event_type")
     ]
 
 

@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import outbox_settings
 from ..db import is_single_writer
 from ..subscribers import DeliveryContext, Subscriber
-from .gateway import Gateway, Lease, Subscription
+from .gateway import Gateway, Lease
 from .outcomes import RelayReport
 
 
@@ -84,10 +84,15 @@ class Batch:
             event_types=subscriber.event_types,
         )
         fanned_out = 0
-        if fold is not None and not subscriber.ordered and len(contexts) < batch_size:
+        if (
+            fold is not None
+            and fold.types != frozenset()  # nothing subscribed
+            and not subscriber.ordered
+            and len(contexts) < batch_size
+        ):
             expiry = now + datetime.timedelta(seconds=lease)
             ids, claimed = gateway.fan_out(
-                fold.subscriptions,
+                fold.types,
                 batch_size - len(contexts),
                 fold.after,
                 now,
@@ -149,11 +154,13 @@ class Batch:
 
 @dataclass
 class Fold:
-    """Fan-out folded into claims for one :func:`deliver` call: whom fan-out
-    creates notifications for, and where its last batch ended (keyset paging;
-    an event committed late with a lower id is left to the next fan-out)."""
+    """Fan-out folded into claims for one :func:`deliver` call: the event
+    types some active subscription receives (``None``: every type; see
+    :func:`~outbox_app.delivery.fanout.subscribed_types`), and where its last
+    batch ended (keyset paging; an event committed late with a lower id is
+    left to the next fan-out)."""
 
-    subscriptions: list[Subscription]
+    types: frozenset[str] | None
     after: uuid.UUID | None = None
 
 

@@ -43,14 +43,15 @@ from dataclasses import dataclass
 from django.db import DatabaseError, connections, transaction
 
 from ..db import Dialect, deadlocked, dialect
-from ..models import Notification, OutboxEvent
+from ..models import Notification, OutboxEvent, Subscription
 from ..states import CLAIMABLE, UNFINISHED, State
-from ..subscribers import DeliveryContext
+from ..subscribers import WILDCARD, DeliveryContext
 
 logger = logging.getLogger("outbox_app.relay")
 
 N = Notification._meta.db_table
 E = OutboxEvent._meta.db_table
+S = Subscription._meta.db_table
 
 #: The event columns a delivery reads (DeliveryContext), in its order.
 EVENT_COLUMNS = (
@@ -84,15 +85,6 @@ class Lease:
     token: uuid.UUID
     worker: str
     expiry: datetime.datetime
-
-
-@dataclass(frozen=True)
-class Subscription:
-    """One subscriber as fan-out sees it: its name and the event types it
-    receives (``None``: every type)."""
-
-    name: str
-    event_types: frozenset[str] | None
 
 
 #: How many times a step runs when the database keeps choosing it as a
@@ -146,15 +138,18 @@ class Gateway:
     @_reissued_on_deadlock
     def fan_out(
         self,
-        subscriptions: Sequence[Subscription],
+        types: frozenset[str] | None,
         limit: int,
         after: uuid.UUID | None,
         now: datetime.datetime,
         lease: Lease | None = None,
     ) -> tuple[list[uuid.UUID], list[DeliveryContext]]:
-        """Turn up to ``limit`` undelivered events (ids after ``after``, oldest
-        first) into one notification per subscription of their type, due at
-        ``now``, and flip their ``delivered`` flag.
+        """Turn up to ``limit`` undelivered events of ``types`` (``None``:
+        every type; ids after ``after``, oldest first) into one notification
+        per active subscription of their type (:class:`~outbox_app.models.
+        Subscription`, read by the same statement or transaction, so a
+        subscription recorded before an event committed is never missed), due
+        at ``now``, and flip their ``delivered`` flag.
 
         Events another relay is fanning out right now are skipped, never
         waited for (``SKIP LOCKED``): a relay frozen inside fan-out holds its
@@ -174,18 +169,12 @@ class Gateway:
             notification id order)``; no ids: nothing left after ``after``.
         """
         d = self.dialect
-        types = _union_types(subscriptions)
         select: list = [] if types is None else sorted(types)
         if after is not None:
             select.append(d.uuid_param(after))
         select.append(limit)
         claiming = lease is not None
-        rows = [
-            (s.name, t, int(claiming and s.name == lease.name))
-            for s in subscriptions
-            for t in _types(s)
-        ]
-        subs = [v for row in rows for v in (row if claiming else row[:2])]
+        subs = [lease.name] if claiming else []
         stamp = d.datetime_param(now)
         if claiming:
             until = d.datetime_param(lease.expiry)
@@ -194,10 +183,7 @@ class Gateway:
         else:
             values = [stamp, stamp, stamp]
         text = _statements(self.using, d.vendor).fan_out(
-            None if types is None else len(types),
-            after is not None,
-            len(rows),
-            claiming,
+            None if types is None else len(types), after is not None, claiming
         )
         if d.writable_cte:
             with self._cursor() as cursor:
@@ -388,19 +374,6 @@ class Gateway:
             return cursor.rowcount
 
 
-def _types(subscription: Subscription) -> list[str | None]:
-    if subscription.event_types is None:
-        return [None]
-    return sorted(subscription.event_types)
-
-
-def _union_types(subscriptions: Sequence[Subscription]) -> frozenset[str] | None:
-    """Every type some subscription receives; ``None`` if one receives all."""
-    if any(s.event_types is None for s in subscriptions):
-        return None
-    return frozenset().union(*(s.event_types for s in subscriptions))
-
-
 def _context(d: Dialect, row: tuple) -> DeliveryContext:
     (
         notification_id,
@@ -453,7 +426,7 @@ class _Statements:
     def __init__(self, d: Dialect):
         self.d = d
         q = d.quote
-        self.n, self.e = q(N), q(E)
+        self.n, self.e, self.s = q(N), q(E), q(S)
         self.claimable = _states(CLAIMABLE)
         self.unfinished = _states(UNFINISHED)
         # The partial index spells it NOT "delivered" (SQLite matches the text).
@@ -486,9 +459,7 @@ class _Statements:
     # -- fan-out
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
-    def fan_out(
-        self, type_count: int | None, paged: bool, subscriptions: int, claiming: bool
-    ):
+    def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
         """PostgreSQL: one statement returning one row per event fanned out
         (its id, then the claimed notification's columns or NULLs). Elsewhere:
         ``(find, insert(count), flip(count), read(count))``."""
@@ -510,14 +481,17 @@ class _Statements:
             f"SELECT {batch_columns} FROM {e} e "
             f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
         )
-        # (name, event type or NULL for every type[, claimed 1/0]) per
-        # subscription; plain parameters, no CAST: MySQL would compare a
-        # CAST's collation with the column's and refuse the mix.
-        first = "SELECT %s AS name, %s AS event_type"
-        rest = "SELECT %s, %s"
-        if claiming:
-            first, rest = first + ", %s AS claimed", rest + ", %s"
-        pairs = " UNION ALL ".join([first] + [rest] * (subscriptions - 1))
+        # (name, event type or * for every type[, claimed 1/0]) per active
+        # subscription, read where the notifications are written.
+        claimed = (
+            ", CASE WHEN subscriber = %s THEN 1 ELSE 0 END AS claimed"
+            if claiming
+            else ""
+        )
+        pairs = (
+            f"SELECT subscriber AS name, event_type{claimed} FROM {self.s} "
+            "WHERE retired_at IS NULL"
+        )
         columns = (
             "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
             "aggregate_version, tenant_id, state, attempts, next_retry_at, "
@@ -540,7 +514,7 @@ class _Statements:
                 f"{copied}, '{State.PENDING}', 0, %s, NULL, '', NULL, '', '', '', "
                 "%s, %s"
             )
-        join = "s.event_type IS NULL OR s.event_type = b.event_type"
+        join = f"s.event_type = '{WILDCARD}' OR s.event_type = b.event_type"
         if d.writable_cte:
             created = (
                 f"created AS (INSERT INTO {n} ({columns}) SELECT {values} "

@@ -12,9 +12,7 @@ are collected (:mod:`outbox_app.delivery.publishers`).
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -24,18 +22,14 @@ from django.utils import timezone
 
 from .. import registry
 from ..conf import outbox_settings
+from ..ids import worker_name
 from ..publishers.base import Publisher
 from ..subscribers import Handler, Kind, Subscriber
 from .batch import Batch, ClaimAhead, Fold
-from .fanout import fan_out, subscriptions_of
+from .fanout import fan_out, subscribed_types
 from .handlers import run_handlers
 from .outcomes import Outcomes, RelayReport
 from .publishers import PublisherRunner, pauses
-
-
-def worker_name() -> str:
-    """``host:pid``, stored as ``locked_by`` on leased rows."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def relay_once(
@@ -101,7 +95,8 @@ def deliver(
     probe succeeds. With ``fold``, an unordered subscriber's batch that is not
     full is topped up from events not fanned out yet: fan-out and claim are
     one step (:meth:`Batch.claim <outbox_app.delivery.batch.Batch.claim>`),
-    creating notifications for every subscriber this process has.
+    creating notifications for every active subscription (those of other
+    relays' subscribers too, :mod:`~outbox_app.delivery.fanout`).
 
     Args:
         subscribers: whom to deliver for; default every subscriber of ``kind``.
@@ -141,7 +136,7 @@ def deliver(
         known = registry.subscribers()
         names = {s.name for s in known}
         known += [s for s in chosen if s.name not in names]
-        folding = Fold(subscriptions_of(known))
+        folding = Fold(subscribed_types(known, using))
 
     def claim(subscriber: Subscriber) -> Batch:
         return Batch.claim(subscriber, using, batch_size, now, worker, folding)

@@ -310,3 +310,52 @@ def test_non_staff__is_sent_to_the_login_page(client, django_user_model):
     response = client.get(REQUEUE_MATCHING)
     assert response.status_code == 302
     assert "/admin/login/" in response["Location"]
+
+
+# --- subscriptions ---------------------------------------------------------------
+
+SUBSCRIPTIONS = reverse("admin:outbox_app_subscription_changelist")
+
+
+def subscription(name: str, seconds_ago: float):
+    from outbox_app.models import Subscription
+    from outbox_app.subscribers import Handler
+
+    seen = timezone.now() - timezone.timedelta(seconds=seconds_ago)
+    Subscription.objects.record(
+        [Handler(name=name, event_types=frozenset({"OrderPlaced"}))], "host:1", seen
+    )
+    return Subscription.objects.get(subscriber=name)
+
+
+def test_subscriptions__listed_filtered_retired_and_reactivated(admin_client):
+    gone = subscription("gone", 3600)
+    running = subscription("running", 0)
+    waiting = notification(events(1)[0], "gone", State.PENDING)
+
+    page = admin_client.get(SUBSCRIPTIONS, {"served": "unserved"})
+    assert page.status_code == 200
+    assert [s.subscriber for s in page.context["cl"].result_list] == ["gone"]
+
+    response = run_action(
+        admin_client, SUBSCRIPTIONS, "retire_skipping_waiting", [gone]
+    )
+    assert messages_of(response) == [
+        "1 subscription was retired; 1 waiting notification was skipped."
+    ]
+    assert reload(gone)[0].retired_by == "admin: admin"
+    assert reload(waiting)[0].state == State.SKIPPED
+    entry = LogEntry.objects.get(object_id=str(gone.pk))
+    assert entry.change_message == "Retired; its waiting notifications skipped."
+
+    response = run_action(
+        admin_client, SUBSCRIPTIONS, "retire_keeping_waiting", [running]
+    )
+    assert (
+        "a running relay still has running <- OrderPlaced" in messages_of(response)[0]
+    )
+    assert reload(running)[0].retired_at is None
+
+    response = run_action(admin_client, SUBSCRIPTIONS, "reactivate", [gone])
+    assert messages_of(response) == ["1 subscription was reactivated."]
+    assert reload(gone)[0].retired_at is None

@@ -12,13 +12,13 @@ from django.utils import timezone
 from outbox_app import Notification, publish
 from outbox_app.delivery import fan_out
 from outbox_app.delivery.gateway import Gateway
-from outbox_app.subscribers import Subscriber
+from outbox_app.subscribers import Handler
 from tests.testapp.events import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ORDERED = Subscriber(name="ord", event_types=frozenset({"Step"}), ordered=True)
-UNORDERED = Subscriber(name="any", event_types=frozenset({"Step"}))
+ORDERED = Handler(name="ord", event_types=frozenset({"Step"}), ordered=True)
+UNORDERED = Handler(name="any", event_types=frozenset({"Step"}))
 
 
 def held(row_id: int):

@@ -159,6 +159,7 @@ def test_command__json_shape():
     assert set(data) == {
         "generated_at",
         "paused",
+        "unserved",
         "lag_seconds",
         "states",
         "expired",

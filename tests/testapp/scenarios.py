@@ -36,6 +36,10 @@ def record_b(event, context):
     _record("record_b", event, context)
 
 
+def audit(event, context):
+    _record("audit", event, context)
+
+
 def flaky(name: str, rate: float):
     def run(event, context):
         _record(name, event, context)  # written, then rolled back on failure
@@ -75,6 +79,7 @@ SETS = {
         ("flaky_b", OrderPlaced, flaky("flaky_b", 0.1), {}),
     ],
     "ordered": [("ordered", Step, flaky("ordered", 0.1), {"ordered": True})],
+    "audit": [("audit", OrderPlaced, audit, {})],
     "hang": [("hang", OrderPlaced, hang, {})],
     "slow": [("slow", OrderPlaced, slow, {})],
 }

@@ -139,6 +139,16 @@ class Command(BaseCommand):
                     f"{pause['probes']} failed): {pause['reason']}"
                 )
             )
+        for row in data["unserved"]:
+            write(
+                self.style.WARNING(
+                    f"UNSERVED: {row['subscriber']} <- {row['event_type']} "
+                    f"({row['kind']}): no running relay has it, last seen "
+                    f"{_seconds(row['last_seen_seconds'])} ago by "
+                    f"{row['last_seen_by'] or '?'}; its notifications wait "
+                    "(manage.py outbox_subscribers)"
+                )
+            )
         for problem in problems:
             write(self.style.ERROR(f"UNHEALTHY: {problem}"))
 

@@ -1,0 +1,267 @@
+"""Persisted subscriptions (issue 16, item 1): fan-out creates notifications
+for every subscriber some relay recorded, not only for the ones this process
+has, so subscribers survive a rolling deploy; retiring one is an explicit act."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import logging
+import signal
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from outbox_app import Notification, OutboxEvent, operations, status
+from outbox_app.delivery import fan_out, relay_once
+from outbox_app.exceptions import SubscriptionInUse
+from outbox_app.models import Subscription
+from outbox_app.registry import get
+from outbox_app.states import State
+from outbox_app.subscribers import Handler
+from tests.processes import spawn, wait_for
+from tests.testapp.models import SideEffect
+
+from .test_delivery import place
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ELSEWHERE = Handler(name="elsewhere", event_types=frozenset({"OrderPlaced"}))
+
+
+def record_elsewhere(seconds_ago: float = 0) -> None:
+    """Another relay, which has the ``elsewhere`` handler, recorded it."""
+    now = timezone.now() - datetime.timedelta(seconds=seconds_ago)
+    Subscription.objects.record([ELSEWHERE], "other-host:1", now)
+
+
+def states_of(name: str) -> list[str]:
+    return list(
+        Notification.objects.filter(subscriber=name).values_list("state", flat=True)
+    )
+
+
+def test_fan_out_reaches_a_subscriber_only_another_relay_has(handlers):
+    handlers("record")
+    record_elsewhere()
+    place(5)
+    report = relay_once()
+    # This process delivers to its own subscribers only; the other relay's
+    # notifications wait for it.
+    assert report.succeeded == 10
+    assert states_of("elsewhere") == [State.PENDING] * 5
+    assert SideEffect.objects.count() == 10
+    recorded = set(
+        Subscription.objects.active().values_list("subscriber", "event_type")
+    )
+    assert {
+        ("record_a", "OrderPlaced"),
+        ("record_b", "OrderPlaced"),
+        ("elsewhere", "OrderPlaced"),
+    } <= recorded
+
+
+def test_the_relay_records_what_it_has_and_refreshes_it(handlers):
+    handlers("record")
+    fan_out()
+    row = Subscription.objects.get(subscriber="record_a")
+    assert (row.kind, row.ordered, row.retired_at) == ("handler", False, None)
+    assert ":" in row.last_seen_by
+    stale = timezone.now() - datetime.timedelta(hours=1)
+    Subscription.objects.update(last_seen_at=stale)
+    Subscription.objects.record([get("record_a")], "me:1")
+    assert Subscription.objects.get(subscriber="record_a").last_seen_at > stale
+    assert Subscription.objects.get(subscriber="record_b").last_seen_at == stale
+
+
+def test_a_retired_subscription_gets_no_new_notifications(handlers, caplog):
+    handlers("record")
+    place(2)
+    relay_once()
+    retired, skipped = operations.retire(
+        Subscription.objects.filter(subscriber="record_b"),
+        waiting="keep",
+        by="test",
+        force=True,
+    )
+    assert (retired, skipped) == (1, 0)
+    place(3)
+    with caplog.at_level(logging.WARNING, logger="outbox_app.relay"):
+        relay_once()
+    assert len(states_of("record_a")) == 5
+    assert len(states_of("record_b")) == 2
+    # A relay that still has it does not bring it back; it says so.
+    assert Subscription.objects.get(subscriber="record_b").retired_by == "test"
+    assert "record_b <- OrderPlaced is retired" in caplog.text
+    operations.reactivate(Subscription.objects.filter(subscriber="record_b"))
+    place(1)
+    relay_once()
+    assert len(states_of("record_b")) == 3
+
+
+def test_a_renamed_subscriber_retires_its_former_name(registered):
+    Subscription.objects.record(
+        [Handler(name="old.name", event_types=frozenset({"OrderPlaced"}))], "old:1"
+    )
+
+    @registered("OrderPlaced", name="new.name", aliases=["old.name"])
+    def renamed(event, context):
+        pass
+
+    place(2)
+    relay_once()
+    old = Subscription.objects.get(subscriber="old.name")
+    assert old.retired_at is not None
+    assert old.retired_by == "renamed to new.name"
+    assert states_of("new.name") == [State.SUCCEEDED] * 2
+    assert states_of("old.name") == []
+
+
+def test_retire_refuses_a_subscription_a_running_relay_has(handlers):
+    handlers("record")
+    fan_out()
+    with pytest.raises(SubscriptionInUse, match="record_a <- OrderPlaced"):
+        operations.retire(
+            Subscription.objects.filter(subscriber="record_a"), waiting="skip", by="t"
+        )
+    assert not Subscription.objects.filter(retired_at__isnull=False).exists()
+    with pytest.raises(ValueError):
+        operations.retire(Subscription.objects.all(), waiting="drop", by="t")
+
+
+def test_retire_skips_the_waiting_rows_or_keeps_them():
+    record_elsewhere(seconds_ago=3600)
+    events = place(5)
+    fan_out(subscribers=[])  # another relay's fan-out: elsewhere's rows wait
+    rows = Notification.objects.filter(subscriber="elsewhere").order_by("id")
+    ids = list(rows.values_list("id", flat=True))
+    rows.filter(id=ids[1]).update(state=State.FAILED)
+    rows.filter(id=ids[2]).update(state=State.EXPIRED)
+    rows.filter(id=ids[3]).update(state=State.RUNNING)
+    rows.filter(id=ids[4]).update(state=State.SUCCEEDED)
+    retired, skipped = operations.retire(
+        Subscription.objects.filter(subscriber="elsewhere"), waiting="skip", by="t"
+    )
+    assert (retired, skipped) == (1, 3)
+    assert [rows.get(id=i).state for i in ids] == [
+        State.SKIPPED,
+        State.SKIPPED,
+        State.SKIPPED,
+        State.RUNNING,
+        State.SUCCEEDED,
+    ]
+    assert len(events) == 5
+
+
+def test_unserved_subscriptions_show_in_the_status(handlers):
+    handlers("record")
+    record_elsewhere(seconds_ago=3600)
+    fan_out()
+    data = status.overview()
+    assert [(r["subscriber"], r["event_type"]) for r in data["unserved"]] == [
+        ("elsewhere", "OrderPlaced")
+    ]
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    assert "UNSERVED: elsewhere <- OrderPlaced (handler)" in out.getvalue()
+
+
+def test_the_subscribers_command(handlers):
+    handlers("record")
+    record_elsewhere(seconds_ago=3600)
+    place(2)
+    fan_out()
+    out = io.StringIO()
+    call_command("outbox_subscribers", stdout=out)
+    listing = out.getvalue()
+    assert "elsewhere" in listing and "UNSERVED" in listing
+    assert "record_a" in listing and "served" in listing
+    with pytest.raises(CommandError, match="--waiting"):
+        call_command("outbox_subscribers", "--retire", "elsewhere")
+    with pytest.raises(CommandError, match="no subscription of 'nobody'"):
+        call_command("outbox_subscribers", "--retire", "nobody", "--waiting", "keep")
+    with pytest.raises(CommandError, match="a running relay still has"):
+        call_command("outbox_subscribers", "--retire", "record_a", "--waiting", "keep")
+    out = io.StringIO()
+    call_command(
+        "outbox_subscribers", "--retire", "elsewhere", "--waiting", "skip", stdout=out
+    )
+    assert "Retired 1 subscriptions of elsewhere; 2 waiting" in out.getvalue()
+    assert states_of("elsewhere") == [State.SKIPPED] * 2
+    assert Subscription.objects.get(subscriber="elsewhere").retired_by == (
+        "manage.py outbox_subscribers"
+    )
+    call_command("outbox_subscribers", "--reactivate", "elsewhere", stdout=out)
+    assert Subscription.objects.get(subscriber="elsewhere").retired_at is None
+    Subscription.objects.all().delete()
+    call_command("outbox_subscribers", "--record", stdout=out)
+    assert Subscription.objects.filter(subscriber="record_a").exists()
+
+
+@pytest.mark.slow
+def test_a_rolling_deploy__an_old_relay_fans_out_to_the_new_subscriber(vendor):
+    """Relay A runs the old version (record_a, record_b). The new version adds
+    ``audit``: the deploy records it (``outbox_subscribers --record``, or the
+    new relay's start), then relay B of the new version starts. Events
+    published in between are fanned out by A, which lacks ``audit``, and still
+    reach it through B; every subscriber gets every event of its types once."""
+    old = spawn("-m", "tests.relay_worker", "record", "--max-seconds", "120")
+    new = None
+    try:
+        assert old.stdout.readline().strip() == "ready"
+        before = place(20)  # published before the new version existed
+        wait_for(
+            lambda: not OutboxEvent.objects.undelivered().exists(),
+            60,
+            "the old relay to fan out",
+        )
+        Subscription.objects.record(
+            [Handler(name="audit", event_types=frozenset({"OrderPlaced"}))], "deploy"
+        )
+        between = place(30)  # the new subscriber exists; only A runs
+        wait_for(
+            lambda: Notification.objects.filter(subscriber="audit").count() == 30,
+            60,
+            "the old relay to fan out to the new subscriber",
+        )
+        assert not OutboxEvent.objects.undelivered().exists()
+        wait_for(
+            lambda: (
+                SideEffect.objects.filter(handler__startswith="record_").count() == 100
+            ),
+            60,
+            "the old relay to deliver to its own subscribers",
+        )
+        if vendor == "sqlite":  # one relay per database file
+            old.send_signal(signal.SIGTERM)
+            old.communicate(timeout=60)
+        new = spawn(
+            "-m", "tests.relay_worker", "record", "audit", "--max-seconds", "120"
+        )
+        after = place(10)
+        wait_for(
+            lambda: (
+                SideEffect.objects.filter(handler="audit").count() == 40
+                and SideEffect.objects.filter(handler="record_a").count() == 60
+                and SideEffect.objects.filter(handler="record_b").count() == 60
+            ),
+            90,
+            "every subscriber to get every event",
+        )
+    finally:
+        for process in (old, new):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.communicate(timeout=60)
+    audited = set(
+        SideEffect.objects.filter(handler="audit").values_list("event_id", flat=True)
+    )
+    assert audited == {e.id for e in between + after}
+    for name in ("record_a", "record_b"):
+        effects = SideEffect.objects.filter(handler=name)
+        assert effects.count() == 60
+        assert set(effects.values_list("event_id", flat=True)) == {
+            e.id for e in before + between + after
+        }
