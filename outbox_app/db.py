@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import functools
+import logging
 import os
 import re
 import threading
@@ -29,6 +30,8 @@ from django.utils.dateparse import parse_datetime
 
 from .events import loads
 from .exceptions import RelayAlreadyRunning
+
+logger = logging.getLogger("outbox_app.relay")
 
 
 class FilteredIndex(models.Index):
@@ -358,7 +361,10 @@ class Listener:
         self._pg = None
 
     def __enter__(self) -> Listener:
-        self.open()
+        try:
+            self.open()
+        except Exception as exc:  # the database is down: poll, reopen later
+            logger.warning("relay cannot LISTEN yet, polling meanwhile: %s", exc)
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -31,6 +31,9 @@ from .handlers import run_handlers
 from .outcomes import Outcomes, RelayReport
 from .publishers import PublisherRunner, pauses
 
+#: database alias -> the subscriber the next deliver() call starts with.
+_next_first: dict[str, str] = {}
+
 
 def relay_once(
     *,
@@ -90,9 +93,12 @@ def deliver(
     """Claim and deliver due notifications, batch by batch, until none is due or
     the time budget is spent.
 
-    Subscribers take turns, a batch each, so one subscriber's backlog does not
-    hold up the others. A publisher paused by an outage is skipped until its
-    probe succeeds. With ``fold``, an unordered subscriber's batch that is not
+    Subscribers take turns, a batch each; a call that ran out of time is
+    followed by one that starts with the next subscriber, so one subscriber's
+    backlog does not hold up the others even when its batches outlast
+    ``max_seconds``. A publisher paused by an outage is
+    skipped until its probe succeeds (and no batch is claimed ahead for it).
+    With ``fold``, an unordered subscriber's batch that is not
     full is topped up from events not fanned out yet: fan-out and claim are
     one step (:meth:`Batch.claim <outbox_app.delivery.batch.Batch.claim>`),
     creating notifications for every active subscription (those of other
@@ -122,6 +128,13 @@ def deliver(
             a claim); outcomes already written stay written.
     """
     chosen = list(registry.subscribers(kind) if subscribers is None else subscribers)
+    # A call that ran out of time is followed by one that starts with the
+    # next subscriber: a backlog whose batches outlast the time budget would
+    # otherwise keep the others from ever getting a turn.
+    names = [s.name for s in chosen]
+    if _next_first.get(using) in names:
+        start = names.index(_next_first.pop(using))
+        chosen = chosen[start:] + chosen[:start]
     batch_size = batch_size or outbox_settings.BATCH_SIZE
     worker = worker or worker_name()
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -166,7 +179,9 @@ def deliver(
                     # A backlog: claim the next batch on a second connection
                     # while this one is delivered (unless time is up by then).
                     following = active[position + 1 : position + 2] or still_busy
-                    if deadline is None or time.monotonic() + delivering < deadline:
+                    if (
+                        deadline is None or time.monotonic() + delivering < deadline
+                    ) and not pauses.paused(following[0].name):
                         ahead.submit(following[0], claim)
                 began = time.monotonic()
                 if runner is not None:
@@ -179,6 +194,7 @@ def deliver(
                     run_handlers(batch, subscriber, outcomes, stop, rng)
                 delivering = time.monotonic() - began
                 if deadline is not None and time.monotonic() >= deadline:
+                    _next_first[using] = active[(position + 1) % len(active)].name
                     return report
             active = still_busy
         return report

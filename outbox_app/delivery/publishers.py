@@ -229,6 +229,10 @@ class Pauses:
         self._lock = threading.Lock()
         self._paused: dict[str, Pause] = {}
 
+    def paused(self, name: str) -> bool:
+        """Whether the publisher ``name`` is paused (no probe is run)."""
+        return name in self._paused
+
     def clear(self) -> None:
         """Forget every pause (tests)."""
         with self._lock:

@@ -260,3 +260,29 @@ def test_a_timeout_during_a_database_call_fails_only_that_handler(registered):
     assert failed.last_error_type == "outbox_app.exceptions.HandlerTimeout"
     assert not Notification.objects.filter(state=State.RUNNING).exists()
     assert SideEffect.objects.count() == 2
+
+
+# --- a backlog that outlasts the time budget ------------------------------------
+
+
+def test_a_backlog_outlasting_the_time_budget_starves_no_other_subscriber(
+    registered,
+):
+    """Found by the soak (bench/soak.py): every relay_once() started with the
+    same subscriber, so one whose batches outlasted the time budget kept the
+    others from ever getting a turn."""
+
+    @registered("OrderPlaced", name="a_slow")
+    def a_slow(event, context):
+        time.sleep(0.02)  # a batch of 50: 1 s, the whole budget
+
+    @registered("OrderPlaced", name="b_fast")
+    def b_fast(event, context):
+        pass
+
+    place(300)
+    for _ in range(2):
+        relay_once(batch_size=50, max_seconds=0.5)
+    done = Notification.objects.filter(state=State.SUCCEEDED)
+    assert done.filter(subscriber="a_slow").exists()
+    assert done.filter(subscriber="b_fast").exists()
