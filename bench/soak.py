@@ -1,0 +1,1450 @@
+"""A soak of our own (issue 16): writers and several real relays against a real
+database and RabbitMQ for minutes, while relays are killed, stalled and cut
+off; then every delivery guarantee is checked.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_soak \\
+        .venv/bin/python -m bench.soak --seconds 30 --lease 5
+
+Not part of the test suite: it runs for ``--seconds`` (default 180) plus the
+drain, prints a summary (events published, committed and rolled back; faults
+injected by kind; duplicates at the broker; effect duplicates, order
+violations, unfinished rows, each of which must be 0; elapsed time) and exits
+0 when every invariant holds, 1 when one fails, 2 when it cannot run here.
+
+**What runs.** ``--relays`` (3) real ``python -m django relay -v 2`` processes
+of a fresh project (``bench/soak_settings.py``: the database, the apps, one
+RabbitMQ publisher; every other ``OUTBOX_*`` setting at its default, except
+``OUTBOX_LEASE_SECONDS`` when ``--lease`` is given), each restarted by the
+soak when it dies, like systemd's ``Restart=always``. ``--writers`` (4)
+threads of this process commit ``Deposited`` events at ``--rate`` events/s in
+all: 1 to 3 events per transaction on one of the writer's own ``--accounts``
+aggregates, with consecutive ``aggregate_version``s, and one ``Deposit`` row
+per event in the same transaction. ``--rollback-rate`` of the transactions
+roll back on purpose after publishing; ``--savepoint-rate`` of them publish
+one more event in a savepoint that rolls back while the transaction commits;
+a transaction whose COMMIT raises (a fault) is looked up afterwards to know
+whether it committed.
+Subscribers of every event (``bench/soakapp/handlers.py``): the RabbitMQ
+publisher ``soak.broker`` (exchange and queue ``soak.events`` in the vhost
+of ``--broker-url``), and three database-only handlers writing an ``Effect``
+row in the transaction that marks their notification: ``soak.effect``,
+``soak.flaky`` (fails ``--failure-rate`` of its attempts, retried) and
+``soak.ordered`` (``ordered=True``, fails half as often; it records the
+highest position of its aggregate it saw committed). Each sleeps
+``--handler-ms`` on average with its transaction open, so that faults find
+handlers mid-transaction.
+
+**Faults** (``--faults``, all by default), one every ``--fault-every``
+seconds (uniformly 0.5x to 1.5x), of a kind picked at random among those
+possible at that moment, on a relay picked at random:
+
+- ``kill``: SIGKILL; restarted ``--restart-delay`` seconds later (its rows
+  wait for their lease);
+- ``term``: SIGTERM (a deploy), once the relay has logged that it started;
+  restarted once it has exited (it must exit 0);
+- ``stall``: SIGSTOP for longer than the lease (from lease + 1 s to 1.5 x
+  lease + 1 s; ``--stall-seconds`` overrides), then SIGCONT; one relay at a
+  time;
+- ``db-cut``: its database connections closed by the server
+  (PostgreSQL ``pg_terminate_backend``, MariaDB ``KILL CONNECTION``), found by
+  the client ports of its sockets;
+- ``broker-cut``: its RabbitMQ connections closed by the broker
+  (``rabbitmqctl close_connection``);
+- ``broker-outage``: the vhost's permissions cleared and every connection of
+  the vhost closed, so no relay can reconnect, for ``--outage-seconds``
+  (0.5x to 1.5x), then restored.
+
+``--restart-db-cmd CMD`` also runs CMD (a shell command that restarts the
+database server, e.g. ``pg_ctlcluster 15 soak restart``) once, at
+``--restart-db-at`` (a fraction of ``--seconds``, 0.5).
+
+**Checks**, once the writers stopped, the relays drained (every event fanned
+out and every notification SUCCEEDED; the soak gives up when the backlog has
+not shrunk for ``--drain-timeout`` seconds) and were stopped with SIGTERM,
+and the queue was consumed:
+
+- each committed event's effect exactly once per handler: duplicates (must be
+  0) and missing effects (must be 0);
+- per-aggregate order for ``soak.ordered``: violations (must be 0), an effect
+  written while its aggregate's previous position was not committed yet, or
+  after a later one;
+- every committed event at the broker at least once: missing (must be 0);
+  duplicates counted and reported (at least once allows them);
+- nothing unfinished: events not fanned out, notifications not SUCCEEDED,
+  notifications missing (must be 0); EXPIRED rows are reported apart;
+- nothing from a rolled-back transaction (or savepoint, or a transaction a
+  fault aborted) in the outbox, the effects or the queue (must be 0), and
+  each committed event has its ``Deposit`` row and no other (must be 0).
+
+**Set-up.** The database of ``DATABASE_URL`` (default
+``postgres://postgres@127.0.0.1:5432/outbox_soak``; its name must contain
+"soak": the soak migrates it and empties its tables) and the vhost of
+``--broker-url`` (not ``/``: the soak closes every connection of it) are
+created when missing (``rabbitmqctl`` on this machine, as root). Where a
+PostgreSQL server runs with ``autovacuum = off`` (this machine's main
+cluster), the soak runs ``VACUUM ANALYZE`` on its tables every 10 s, as
+autovacuum would. For a database restart, give the soak a PostgreSQL cluster
+of its own and restart only that one::
+
+    pg_createcluster 15 soak -p 5433 --start
+    # trust for local TCP, as the main cluster has:
+    sed -i '/^host/s/scram-sha-256/trust/' /etc/postgresql/15/soak/pg_hba.conf
+    pg_ctlcluster 15 soak reload
+    DATABASE_URL=postgres://postgres@127.0.0.1:5433/outbox_soak \\
+        .venv/bin/python -m bench.soak --seconds 300 --lease 5 \\
+        --restart-db-cmd "pg_ctlcluster 15 soak restart"
+
+Logs go to ``--log-dir`` (by default a temporary directory, removed after a
+passing run): each relay's output (``relay-N.log``, ``-v 2``; a relay that
+does not drain or stop also writes its threads' stacks there), the fault
+timeline (``faults.log``) and, when the relays do not drain, the database
+sessions and unfinished rows (``database.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import environ
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = "bench.soak_settings"
+DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/outbox_soak"
+DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672/outbox_soak"
+KINDS = ("kill", "term", "stall", "db-cut", "broker-cut", "broker-outage")
+PUBLISHER = "soak.broker"
+HANDLERS = ("soak.effect", "soak.flaky", "soak.ordered")
+ORDERED = "soak.ordered"
+SUBSCRIBERS = (PUBLISHER, *HANDLERS)
+AGGREGATE_TYPE = "soak.Account"
+#: Seconds the relays have to exit after the final SIGTERM.
+STOP_SECONDS = 60.0
+#: Seconds between two VACUUM ANALYZEs where autovacuum is off (Autovacuum).
+VACUUM_EVERY = 10.0
+
+
+#: The options: (flag, type, default, help). Units are in the help texts.
+OPTIONS = [
+    ("--seconds", float, 180.0, "how long the writers write and faults are "
+     "injected, in seconds; the drain comes after (default 180)"),
+    ("--relays", int, 3, "relay processes (default 3)"),
+    ("--writers", int, 4, "writer threads (default 4)"),
+    ("--rate", float, 30.0, "events passed to publish() per second, all "
+     "writers together, committed or not (default 30)"),
+    ("--accounts", int, 25, "aggregates per writer (default 25)"),
+    ("--handler-ms", float, 2.0, "mean time each handler sleeps after writing "
+     "its effect, with its transaction open, in milliseconds (uniform from 0 "
+     "to twice it; default 2)"),
+    ("--rollback-rate", float, 0.1, "fraction of the transactions rolled back "
+     "on purpose after publishing (default 0.1)"),
+    ("--savepoint-rate", float, 0.05, "fraction of the transactions that "
+     "publish one more event in a savepoint rolled back (default 0.05)"),
+    ("--failure-rate", float, 0.05, "fraction of soak.flaky's attempts that "
+     "raise; soak.ordered fails half as often (default 0.05)"),
+    ("--lease", float, None, "OUTBOX_LEASE_SECONDS of the relays, in seconds "
+     "(default: the setting's own default, 60)"),
+    ("--faults", str, ",".join(KINDS), "comma-separated fault kinds to inject, "
+     f"among {', '.join(KINDS)}; '' for none (default: all)"),
+    ("--fault-every", float, 2.0, "mean time between two faults, in seconds "
+     "(default 2)"),
+    ("--stall-seconds", float, None, "how long a stall lasts, in seconds "
+     "(default: from lease + 1 to 1.5 x lease + 1, at random)"),
+    ("--outage-seconds", float, 5.0, "mean length of a broker outage, in "
+     "seconds (default 5)"),
+    ("--restart-delay", float, 1.0, "time before a killed relay is started "
+     "again, in seconds (default 1)"),
+    ("--restart-db-cmd", str, None, "shell command that restarts the database "
+     "server, run once during the soak (default: none)"),
+    ("--restart-db-at", float, 0.5, "when to run --restart-db-cmd, as a "
+     "fraction of --seconds (default 0.5)"),
+    ("--drain-timeout", float, None, "once the writers stopped, longest time "
+     "the backlog may go without shrinking before the soak gives up, in "
+     "seconds (default: 120 + 2 leases)"),
+    ("--broker-url", str, DEFAULT_BROKER, "RabbitMQ URL of the relays' "
+     f"publisher, in a vhost of the soak's own (default {DEFAULT_BROKER})"),
+    ("--log-dir", str, None, "where the logs go (default: a temporary "
+     "directory, removed if the soak passes)"),
+    ("--seed", int, None, "random seed (default: drawn, and printed)"),
+]  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.split("\n\n")[0]
+    )
+    for flag, kind, default, text in OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
+    args = parser.parse_args()
+    args.faults = [k for k in args.faults.split(",") if k]
+    unknown = set(args.faults) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+    if args.seed is None:
+        args.seed = random.randrange(1_000_000)
+    return args
+
+
+ARGS = parse_args()
+DATABASE_URL = os.environ.get("DATABASE_URL", DEFAULT_DATABASE)
+os.environ["DATABASE_URL"] = DATABASE_URL
+os.environ["SOAK_BROKER_URL"] = ARGS.broker_url
+os.environ["SOAK_FAILURE_RATE"] = str(ARGS.failure_rate)
+os.environ["SOAK_HANDLER_SECONDS"] = str(ARGS.handler_ms / 1000)
+if ARGS.lease:
+    os.environ["SOAK_LEASE_SECONDS"] = str(ARGS.lease)
+os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+
+
+# --- set-up: the database and the vhost ----------------------------------------
+
+
+class SetUpError(Exception):
+    """The soak cannot run here (exit status 2)."""
+
+
+def ensure_database(url: str) -> dict:
+    """Create the database of ``url`` if missing; its Django settings dict."""
+    config = environ.Env.db_url_config(url)
+    name, engine = config["NAME"], config["ENGINE"]
+    if "soak" not in name:
+        raise SetUpError(
+            f"refusing database {name!r}: the soak empties its tables, so its "
+            "name must contain 'soak' (e.g. outbox_soak)"
+        )
+    host, port = config.get("HOST") or "127.0.0.1", config.get("PORT")
+    user, password = config.get("USER") or None, config.get("PASSWORD") or None
+    if engine.endswith("postgresql"):
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(
+            host=host,
+            port=port or 5432,
+            user=user,
+            password=password,
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [name]
+            ).fetchone()
+            if not found:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    elif engine.endswith("mysql"):
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=host,
+            port=int(port or 3306),
+            user=user or "root",
+            passwd=password or "",
+        )
+        try:
+            conn.cursor().execute(
+                f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4"
+            )
+        finally:
+            conn.close()
+    else:
+        raise SetUpError(f"the soak runs on PostgreSQL or MySQL/MariaDB, not {engine}")
+    return config
+
+
+def rabbitmqctl(*args: str, check: bool = True) -> str:
+    """Run ``rabbitmqctl -q ARGS`` (on this machine's node); its stdout."""
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60
+        )
+    except FileNotFoundError:
+        raise SetUpError(
+            "rabbitmqctl not found: the soak manages its RabbitMQ vhost with it"
+        ) from None
+    if check and done.returncode:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+class Broker:
+    """The soak's vhost: its set-up, its faults, and the final consumption."""
+
+    def __init__(self, url: str):
+        parts = urllib.parse.urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 5672
+        self.user = urllib.parse.unquote(parts.username or "guest")
+        self.password = urllib.parse.unquote(parts.password or "guest")
+        vhost = parts.path[1:] if parts.path.startswith("/") else parts.path
+        self.vhost = urllib.parse.unquote(vhost) or "/"
+        if self.vhost == "/":
+            raise SetUpError(
+                "the soak needs a RabbitMQ vhost of its own (it closes every "
+                "connection of it): e.g. --broker-url " + DEFAULT_BROKER
+            )
+
+    def ensure_vhost(self) -> None:
+        """Create the vhost if missing; give the user full permissions on it."""
+        if (
+            self.vhost
+            not in rabbitmqctl("list_vhosts", "--no-table-headers", "name").split()
+        ):
+            rabbitmqctl("add_vhost", self.vhost)
+        self.allow()
+
+    def allow(self) -> None:
+        rabbitmqctl("set_permissions", "-p", self.vhost, self.user, ".*", ".*", ".*")
+
+    def deny(self) -> None:
+        rabbitmqctl("clear_permissions", "-p", self.vhost, self.user)
+
+    def connections(self) -> list[tuple[str, int]]:
+        """(name, client port) of each connection to the vhost."""
+        out = rabbitmqctl(
+            "list_connections", "--no-table-headers", "name", "peer_port", "vhost"
+        )
+        found = []
+        for line in out.splitlines():
+            fields = line.split("\t")
+            if len(fields) == 3 and fields[2] == self.vhost:
+                found.append((fields[0], int(fields[1])))
+        return found
+
+    def close(self, name: str, reason: str) -> None:
+        rabbitmqctl("close_connection", name, reason, check=False)
+
+    def close_all(self, reason: str) -> None:
+        rabbitmqctl("close_all_connections", "--vhost", self.vhost, reason, check=False)
+
+    def _connect(self):
+        import amqp
+
+        return amqp.Connection(
+            f"{self.host}:{self.port}",
+            userid=self.user,
+            password=self.password,
+            virtual_host=self.vhost,
+        )
+
+    def declare(self, exchange: str, queue: str) -> None:
+        """The exchange and the queue as the publisher's DECLARE makes them,
+        emptied."""
+        with self._connect() as conn:
+            channel = conn.channel()
+            channel.exchange_declare(exchange, "topic", durable=True, auto_delete=False)
+            channel.queue_declare(queue, durable=True, auto_delete=False)
+            channel.queue_bind(queue, exchange, "#")
+            channel.queue_purge(queue)
+
+    def consume(self, queue: str) -> collections.Counter:
+        """Every message of ``queue`` (consumed, so the queue is left empty):
+        the number of copies of each message id."""
+        seen: collections.Counter = collections.Counter()
+        with self._connect() as conn:
+            channel = conn.channel()
+            ready = channel.queue_declare(queue, passive=True).message_count
+            got = 0
+
+            def on_message(message) -> None:
+                nonlocal got
+                seen[message.properties.get("message_id")] += 1
+                got += 1
+
+            channel.basic_consume(queue, no_ack=True, callback=on_message)
+            while True:
+                try:
+                    conn.drain_events(timeout=1 if got >= ready else 10)
+                except TimeoutError:
+                    break
+        return seen
+
+
+def set_up_error(exc: Exception) -> None:
+    print(f"soak: cannot run: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+try:
+    CONFIG = ensure_database(DATABASE_URL)
+    BROKER = Broker(ARGS.broker_url)
+except SetUpError as exc:
+    set_up_error(exc)
+except Exception as exc:  # the server is down, refuses us, ...
+    set_up_error(SetUpError(f"database {DATABASE_URL}: {exc}"))
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import DatabaseError, connection, transaction  # noqa: E402
+from django.db.models import Count  # noqa: E402
+
+from bench.soakapp.events import Deposited  # noqa: E402
+from bench.soakapp.models import Deposit, Effect  # noqa: E402
+from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app.conf import outbox_settings  # noqa: E402
+from outbox_app.exceptions import DuplicateAggregateVersion  # noqa: E402
+from outbox_app.models import SubscriberPause  # noqa: E402
+from outbox_app.states import State  # noqa: E402
+
+VENDOR = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}[connection.vendor]
+DB_PORT = int(
+    CONFIG.get("PORT") or (5432 if connection.vendor == "postgresql" else 3306)
+)
+LEASE = float(outbox_settings.LEASE_SECONDS)
+
+
+def reset() -> None:
+    """Empty the soak's tables and the outbox's."""
+    tables = [
+        m._meta.db_table
+        for m in (Notification, OutboxEvent, SubscriberPause, Deposit, Effect)
+    ]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"TRUNCATE {', '.join(tables)}")
+        else:
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+            for table in tables:
+                cursor.execute(f"TRUNCATE TABLE {table}")
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
+
+
+class Autovacuum:
+    """Stands in for PostgreSQL's autovacuum where the server has it off (this
+    machine's main cluster has ``autovacuum = off``, so CI's has too):
+    ``VACUUM ANALYZE`` of the soak's tables every :data:`VACUUM_EVERY`
+    seconds, as autovacuum would keep them. Without it the tables are never
+    analyzed; the planner takes them for empty, and the ordered claim then
+    scans every unfinished row of the subscriber for each candidate (EXPLAIN
+    ANALYZE: 56 s for one claim over 7,780 rows; 126 ms once analyzed)."""
+
+    def __init__(self):
+        self.active = False
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW autovacuum")
+                self.active = cursor.fetchone()[0] == "off"
+        self.next = 0.0
+        self.runs = 0
+
+    def tick(self) -> None:
+        if not self.active or time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + VACUUM_EVERY
+        try:
+            with connection.cursor() as cursor:
+                for model in (Notification, OutboxEvent, Deposit, Effect):
+                    cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
+            self.runs += 1
+        except DatabaseError:
+            connection.close()
+
+
+# --- the relays -------------------------------------------------------------------
+
+
+def tcp_ports(pid: int, remote_port: int) -> set[int]:
+    """Local ports of the established TCP connections of process ``pid`` to
+    ``remote_port`` (from /proc: its socket inodes, then the TCP tables)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                if (
+                    inode in inodes
+                    and state == "01"  # ESTABLISHED
+                    and int(remote.rsplit(":", 1)[1], 16) == remote_port
+                ):
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+class Relay:
+    """One ``python -m django relay`` process, started again when it dies."""
+
+    def __init__(self, index: int, log_dir: Path):
+        self.index = index
+        self.log_path = log_dir / f"relay-{index}.log"
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+        self.stalled_until: float | None = None
+        self.restart_at: float | None = None  # set when the soak stopped it
+        self.log_offset = 0  # where the log of its last start begins
+        self.is_up = False
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(f"=== soak: start {self.starts + 1} at {time.time():.3f}\n")
+            log.flush()
+            self.log_offset = log.tell()
+            self.is_up = False
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "django",
+                    "relay",
+                    "-v",
+                    "2",
+                    "--settings",
+                    SETTINGS,
+                ],
+                cwd=ROOT,
+                env=os.environ.copy(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+        self.stalled_until = None
+        self.restart_at = None
+
+    def up(self) -> bool:
+        """Whether it logged ``relay started`` since its last start (it has
+        set up Django and its SIGTERM handler)."""
+        if not self.is_up and self.running():
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                self.is_up = b"relay started" in log.read()
+        return self.is_up
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running():
+            self.process.send_signal(sig)
+
+    def stop(self) -> None:
+        """Ask it to stop: SIGCONT, then SIGTERM."""
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+
+    def wait(self, deadline: float) -> int | None:
+        """Wait for its exit until ``deadline`` (``time.monotonic()``); past
+        it, have it dump its stacks and SIGKILL it. Its exit code, None if it
+        had to be killed."""
+        if self.process is None:
+            return 0
+        try:
+            return self.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.dump_stacks()
+            self.process.kill()
+            self.process.wait()
+            return None
+
+    def dump_stacks(self) -> None:
+        """Have the relay write its threads' stacks to its log (SIGUSR1,
+        ``faulthandler``, see bench/soak_settings.py)."""
+        self.signal(signal.SIGUSR1)
+        time.sleep(1)
+
+
+class Chaos:
+    """Injects the faults and keeps the relays running (their supervisor).
+
+    Called from the main loop only, except the RabbitMQ faults: each
+    ``rabbitmqctl`` call takes about a second, so they run in a thread of
+    their own (one at a time) while the loop goes on."""
+
+    def __init__(self, relays: list[Relay], log_dir: Path, rng: random.Random):
+        self.relays = relays
+        self.log_dir = log_dir
+        self.rng = rng
+        self.injected: collections.Counter = collections.Counter()
+        self.skipped: collections.Counter = collections.Counter()
+        self.notes: list[str] = []
+        self.outage_until: float | None = None
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.broker_job: threading.Thread | None = None
+        self.timeline = open(log_dir / "faults.log", "a")  # noqa: SIM115
+
+    def log(self, text: str) -> None:
+        with self.lock:
+            at = time.monotonic() - self.started
+            self.timeline.write(f"{at:+9.2f}s {text}\n")
+            self.timeline.flush()
+
+    def note(self, text: str) -> None:
+        """Something suspicious, shown in the summary."""
+        self.notes.append(text)
+        self.log(f"NOTE {text}")
+
+    def count(self, kind: str, relay: Relay, done: str) -> None:
+        with self.lock:
+            (self.injected if done else self.skipped)[kind] += 1
+        self.log(
+            f"{kind}: relay {relay.index} (pid {relay.pid}) {done or 'nothing to hit'}"
+        )
+
+    # -- supervision ---------------------------------------------------------
+
+    def supervise(self) -> None:
+        """Resume stalls that are over, restart relays that are down, end the
+        broker outage when it is over."""
+        now = time.monotonic()
+        for relay in self.relays:
+            if relay.stalled_until is not None and now >= relay.stalled_until:
+                self.resume(relay)
+            if relay.running():
+                continue
+            if relay.restart_at is None:
+                code = relay.process.returncode
+                self.note(
+                    f"relay {relay.index} (pid {relay.pid}) exited by itself "
+                    f"with code {code}; see {relay.log_path}"
+                )
+                relay.restart_at = now
+            if now >= relay.restart_at:
+                relay.start()
+                self.log(f"relay {relay.index} started (pid {relay.pid})")
+        if (
+            self.outage_until is not None
+            and now >= self.outage_until
+            and not self.broker_busy()
+        ):
+            self.broker_job = threading.Thread(target=self.end_outage, daemon=True)
+            self.broker_job.start()
+
+    def broker_busy(self) -> bool:
+        """Whether a RabbitMQ fault (or the end of one) is being injected."""
+        return self.broker_job is not None and self.broker_job.is_alive()
+
+    def resume(self, relay: Relay) -> None:
+        relay.signal(signal.SIGCONT)
+        relay.stalled_until = None
+        self.log(f"stall: SIGCONT relay {relay.index} (pid {relay.pid})")
+
+    def end_outage(self) -> None:
+        BROKER.allow()
+        self.outage_until = None
+        self.log("broker-outage: permissions restored")
+
+    def calm(self) -> None:
+        """End every fault in progress: wait for a RabbitMQ fault being
+        injected, resume stalled relays, end the outage."""
+        if self.broker_job is not None:
+            self.broker_job.join()
+        for relay in self.relays:
+            if relay.stalled_until is not None:
+                self.resume(relay)
+        if self.outage_until is not None:
+            self.end_outage()
+
+    # -- faults --------------------------------------------------------------
+
+    def inject(self, kinds: list[str]) -> None:
+        """One fault of a kind picked at random among ``kinds`` that can be
+        injected now, on a relay picked at random among those running (and
+        not stalled, but for the outage, which hits them all)."""
+        up = [r for r in self.relays if r.running() and r.restart_at is None]
+        awake = [r for r in up if r.stalled_until is None]
+        broker_busy = self.broker_busy()
+        candidates = {
+            "kill": awake,
+            "term": awake,
+            "stall": [] if any(r.stalled_until for r in self.relays) else awake,
+            "db-cut": awake,
+            "broker-cut": [] if broker_busy else awake,
+            "broker-outage": [] if broker_busy or self.outage_until else up,
+        }
+        # A relay is SIGTERMed once up (its signal handler installed): before,
+        # SIGTERM kills it as SIGKILL would.
+        candidates["term"] = [r for r in awake if r.up()]
+        possible = [k for k in kinds if candidates[k]]
+        if not possible:
+            return
+        kind = self.rng.choice(possible)
+        relay = self.rng.choice(candidates[kind])
+        fault = getattr(self, "_" + kind.replace("-", "_"))
+        if kind.startswith("broker"):
+            self.broker_job = threading.Thread(
+                target=lambda: self.count(kind, relay, fault(relay)), daemon=True
+            )
+            self.broker_job.start()
+        else:
+            self.count(kind, relay, fault(relay))
+
+    def _kill(self, relay: Relay) -> str:
+        relay.signal(signal.SIGKILL)
+        relay.process.wait()
+        relay.restart_at = time.monotonic() + ARGS.restart_delay
+        return "SIGKILL"
+
+    def _term(self, relay: Relay) -> str:
+        relay.signal(signal.SIGTERM)
+        relay.restart_at = time.monotonic()  # once it has exited
+        threading.Thread(target=self._await_exit, args=(relay,), daemon=True).start()
+        return "SIGTERM"
+
+    def _await_exit(self, relay: Relay) -> None:
+        process = relay.process
+        try:
+            code = process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.note(
+                f"relay {relay.index} (pid {process.pid}) did not stop within "
+                f"60 s of a SIGTERM (its stacks: {relay.log_path})"
+            )
+            relay.dump_stacks()
+            process.kill()
+            return
+        if code != 0:
+            self.note(
+                f"relay {relay.index} (pid {process.pid}) exited {code} on SIGTERM"
+            )
+
+    def _stall(self, relay: Relay) -> str:
+        seconds = ARGS.stall_seconds or LEASE + self.rng.uniform(1, LEASE / 2 + 1)
+        relay.signal(signal.SIGSTOP)
+        relay.stalled_until = time.monotonic() + seconds
+        return f"SIGSTOP for {seconds:.1f} s (lease {LEASE:g} s)"
+
+    def _db_cut(self, relay: Relay) -> str:
+        ports = tcp_ports(relay.pid, DB_PORT)
+        if not ports:
+            return ""
+        try:
+            cut = terminate_backends(ports)
+        except DatabaseError as exc:
+            connection.close()
+            self.log(f"db-cut: failed: {exc}")
+            return ""
+        return f"{cut} database connection(s) closed by the server" if cut else ""
+
+    def _broker_cut(self, relay: Relay) -> str:
+        ports = tcp_ports(relay.pid, BROKER.port)
+        if not ports:
+            return ""
+        names = [name for name, port in BROKER.connections() if port in ports]
+        for name in names:
+            BROKER.close(name, "soak: broker-cut")
+        return f"{len(names)} broker connection(s) closed by RabbitMQ" if names else ""
+
+    def _broker_outage(self, relay: Relay) -> str:
+        seconds = ARGS.outage_seconds * self.rng.uniform(0.5, 1.5)
+        BROKER.deny()
+        BROKER.close_all("soak: broker-outage")
+        self.outage_until = time.monotonic() + seconds
+        return f"(all relays): vhost closed for {seconds:.1f} s"
+
+    def restart_database(self, command: str) -> None:
+        """Run ``command`` (it restarts the database server) and wait for it."""
+        began = time.monotonic()
+        self.log(f"db-restart: {command}")
+        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        took = time.monotonic() - began
+        if done.returncode:
+            self.note(f"db-restart command failed ({done.returncode}): {done.stderr}")
+            return
+        connection.close()
+        with self.lock:
+            self.injected["db-restart"] += 1
+        self.log(f"db-restart: done in {took:.1f} s")
+
+
+def terminate_backends(ports: set[int]) -> int:
+    """Close, from the server side, the sessions of the soak's database whose
+    client port is in ``ports``; how many."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE client_port = ANY(%s) AND pid <> pg_backend_pid() "
+                "AND datname = current_database()",
+                [sorted(ports)],
+            )
+            return cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT ID, HOST FROM information_schema.PROCESSLIST "
+            "WHERE ID <> CONNECTION_ID() AND DB = DATABASE()"
+        )
+        ids = [
+            session
+            for session, host in cursor.fetchall()
+            if (host or "").rpartition(":")[2].isdigit()
+            and int(host.rpartition(":")[2]) in ports
+        ]
+        for session in ids:
+            with contextlib.suppress(DatabaseError):  # gone meanwhile
+                cursor.execute(f"KILL CONNECTION {int(session)}")
+        return len(ids)
+
+
+# --- the writers ----------------------------------------------------------------
+
+
+class Ledger:
+    """What the writers did, by event id (thread-safe enough: ``set.update``
+    and ``Counter`` item updates of one writer at a time)."""
+
+    def __init__(self):
+        self.committed: set = set()
+        self.rolled_back: set = set()  # on purpose: the whole transaction
+        self.savepoint: set = set()  # on purpose: a savepoint, the rest committed
+        self.aborted: set = set()  # a fault broke the transaction: ids known
+        self.counts = collections.Counter()  # aborted transactions and events
+        self.unknown = collections.Counter()  # the COMMIT raised: resolved how
+        self.errors = collections.Counter()
+
+    def published(self) -> int:
+        """Events passed to ``publish()``, whatever became of them."""
+        return (
+            len(self.committed)
+            + len(self.rolled_back)
+            + len(self.savepoint)
+            + self.counts["aborted events"]
+        )
+
+    def abort(self, ids: list, tried: int) -> None:
+        self.aborted.update(ids)
+        self.counts["aborted transactions"] += 1
+        self.counts["aborted events"] += tried
+
+
+class _Rollback(Exception):
+    pass
+
+
+class Writer(threading.Thread):
+    """Commits transactions of 1-3 events on its own accounts at ``rate``
+    events/s until ``stop`` is set."""
+
+    def __init__(self, index: int, rate: float, ledger: Ledger, stop: threading.Event):
+        super().__init__(name=f"writer-{index}", daemon=True)
+        self.index = index
+        self.rate = rate
+        self.ledger = ledger
+        self.stop = stop
+        self.rng = random.Random(ARGS.seed * 1000 + index)
+        self.versions = {f"w{index}-a{i}": 0 for i in range(ARGS.accounts)}
+        self.tried = 0  # events passed to publish() in the current transaction
+
+    def run(self) -> None:
+        # Events per transaction: 1, 1, 2 or 3, and one more in a savepoint.
+        interval = (1.75 + ARGS.savepoint_rate) / self.rate
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                self.stop.wait(delay)
+            next_at = max(
+                next_at + interval * self.rng.uniform(0.5, 1.5), time.monotonic() - 1
+            )
+            try:
+                self.transact()
+            except Exception as exc:  # a writer bug or a surprise: report it
+                self.ledger.errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+                self.reconnect()
+        connection.close()
+
+    def reconnect(self) -> None:
+        connection.close()
+        self.stop.wait(0.2)
+
+    def transact(self) -> None:
+        """One transaction: publish 1-3 events on one account (and maybe one
+        more in a savepoint rolled back), commit or roll back on purpose, and
+        record what became of them."""
+        rng = self.rng
+        account = rng.choice(list(self.versions))
+        count = rng.choice((1, 1, 2, 3))
+        first = self.versions[account] + 1
+        rollback = rng.random() < ARGS.rollback_rate
+        savepoint = rng.random() < ARGS.savepoint_rate
+        ids: list = []
+        extra: list = []
+        self.tried = 0
+        body_done = False
+        try:
+            with transaction.atomic():
+                self.publish(ids, account, first, count)
+                if savepoint:
+                    try:
+                        with transaction.atomic():
+                            self.publish(extra, account, first + count, 1)
+                            raise _Rollback
+                    except _Rollback:
+                        pass
+                if rollback:
+                    raise _Rollback
+                body_done = True
+        except _Rollback:
+            self.ledger.rolled_back.update(ids)
+            self.ledger.savepoint.update(extra)
+            return
+        except DuplicateAggregateVersion:
+            self.ledger.errors["DuplicateAggregateVersion (versions resynced)"] += 1
+            self.ledger.abort(ids + extra, self.tried)
+            self.resync(account)
+            return
+        except DatabaseError:
+            self.reconnect()
+            if not body_done:
+                self.ledger.abort(ids + extra, self.tried)
+                return
+            committed = self.resolve(ids[0])
+            self.ledger.unknown["committed" if committed else "not committed"] += 1
+            if not committed:
+                self.ledger.abort(ids + extra, self.tried)
+                return
+        self.ledger.committed.update(ids)
+        self.ledger.savepoint.update(extra)
+        self.versions[account] = first + count - 1
+
+    def publish(self, ids: list, account: str, first: int, count: int) -> None:
+        """Publish ``count`` events on ``account`` from version ``first``,
+        with their Deposit rows; their ids go to ``ids`` once published."""
+        events = [
+            Deposited(
+                account=account,
+                version=first + i,
+                writer=self.index,
+                amount=self.rng.randint(1, 1000),
+            )
+            for i in range(count)
+        ]
+        self.tried += count
+        rows = publish(
+            *events, aggregate=(AGGREGATE_TYPE, account), aggregate_version=first
+        )
+        ids.extend(r.id for r in rows)
+        Deposit.objects.bulk_create(
+            [
+                Deposit(event_id=r.id, account=account, version=first + i)
+                for i, r in enumerate(rows)
+            ]
+        )
+
+    def resolve(self, event_id) -> bool:
+        """Whether a transaction whose COMMIT raised committed: asks the
+        database until it answers (it may be restarting)."""
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                return OutboxEvent.objects.filter(id=event_id).exists()
+            except DatabaseError:
+                connection.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def resync(self, account: str) -> None:
+        top = (
+            OutboxEvent.objects.filter(
+                aggregate_type=AGGREGATE_TYPE, aggregate_id=account
+            )
+            .order_by("-aggregate_version")
+            .values_list("aggregate_version", flat=True)
+            .first()
+        )
+        self.versions[account] = top or 0
+
+
+# --- the run --------------------------------------------------------------------
+
+
+def backlog() -> tuple[int, int, int, int]:
+    """(events not fanned out, notifications not SUCCEEDED, of which EXPIRED,
+    notifications)."""
+    waiting = OutboxEvent.objects.undelivered().count()
+    states = dict(
+        Notification.objects.values_list("state").annotate(n=Count("id")).order_by()
+    )
+    total = sum(states.values())
+    return (
+        waiting,
+        total - states.get(State.SUCCEEDED, 0),
+        states.get(State.EXPIRED, 0),
+        total,
+    )
+
+
+def patiently(query, default=None):
+    """``query()``, or ``default`` if the database does not answer now."""
+    try:
+        return query()
+    except DatabaseError:
+        connection.close()
+        return default
+
+
+def run(log_dir: Path) -> int:
+    """Set up, write and inject faults for ``--seconds``, drain, stop the
+    relays, consume the queue, check; the exit status."""
+    rng = random.Random(ARGS.seed)
+    call_command("migrate", verbosity=0)
+    reset()
+    BROKER.ensure_vhost()
+    BROKER.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
+    relays = [Relay(i + 1, log_dir) for i in range(ARGS.relays)]
+    chaos = Chaos(relays, log_dir, rng)
+    ledger = Ledger()
+    janitor = Autovacuum()
+    stop = threading.Event()
+    writers = [
+        Writer(i + 1, ARGS.rate / ARGS.writers, ledger, stop)
+        for i in range(ARGS.writers)
+    ]
+    print(
+        f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, RabbitMQ vhost "
+        f"{BROKER.vhost}; {ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
+        f"writers at {ARGS.rate:g} events/s, {ARGS.seconds:g} s, faults every "
+        f"~{ARGS.fault_every:g} s: {', '.join(ARGS.faults) or 'none'}"
+        + (f", db-restart at {ARGS.restart_db_at:.0%}" if ARGS.restart_db_cmd else "")
+        + f"; seed {ARGS.seed}; logs in {log_dir}",
+        flush=True,
+    )
+    if janitor.active:
+        print(
+            f"autovacuum is off on this server: the soak runs VACUUM ANALYZE on "
+            f"its tables every {VACUUM_EVERY:g} s instead",
+            flush=True,
+        )
+    began = time.monotonic()
+    try:
+        for relay in relays:
+            relay.start()
+        for writer in writers:
+            writer.start()
+        end = began + ARGS.seconds
+        restart_at = (
+            began + ARGS.seconds * ARGS.restart_db_at if ARGS.restart_db_cmd else None
+        )
+        next_fault = began + ARGS.fault_every * rng.uniform(0.5, 1.5)
+        next_report = began + 10
+        while (now := time.monotonic()) < end:
+            chaos.supervise()
+            if restart_at is not None and now >= restart_at:
+                chaos.restart_database(ARGS.restart_db_cmd)
+                restart_at = None
+            elif ARGS.faults and now >= next_fault:
+                chaos.inject(ARGS.faults)
+                next_fault = time.monotonic() + ARGS.fault_every * rng.uniform(0.5, 1.5)
+            if now >= next_report:
+                progress(began, ledger, chaos)
+                next_report += 10
+            janitor.tick()
+            time.sleep(0.05)
+        stop.set()
+        for writer in writers:
+            writer.join(300)
+        wrote = time.monotonic() - began
+        chaos.calm()
+        drained, behind = drain(chaos, janitor, began)
+        drain_seconds = time.monotonic() - began - wrote
+    finally:
+        stop.set()
+        chaos.calm()
+        final = [r for r in relays if r.running()]
+        # One just restarted gets time to be up: SIGTERM before its handler is
+        # installed would kill it (exit -15) and prove nothing.
+        settle = time.monotonic() + 30
+        while time.monotonic() < settle and not all(
+            r.up() or not r.running() for r in final
+        ):
+            time.sleep(0.2)
+        for relay in final:
+            relay.stop()
+        deadline = time.monotonic() + STOP_SECONDS
+        codes = [relay.wait(deadline) for relay in final]
+    for relay, code in zip(final, codes, strict=True):
+        if code != 0:
+            chaos.note(
+                f"relay {relay.index} (pid {relay.pid}) "
+                + (
+                    f"exited {code} on the final SIGTERM"
+                    if code is not None
+                    else f"did not stop within {STOP_SECONDS:g} s of the final "
+                    f"SIGTERM (its stacks: {relay.log_path})"
+                )
+            )
+    elapsed = time.monotonic() - began
+    seen = BROKER.consume(settings.SOAK_QUEUE)
+    timing = {
+        "wrote": wrote,
+        "behind": behind,
+        "drained": drained,
+        "draining": drain_seconds,
+        "elapsed": elapsed,
+    }
+    return check(ledger, chaos, relays, seen, timing)
+
+
+def progress(began: float, ledger: Ledger, chaos: Chaos) -> None:
+    waiting, unfinished, _, _ = patiently(backlog, (-1, -1, -1, -1))
+    print(
+        f"  +{time.monotonic() - began:5.0f}s committed {len(ledger.committed):,}, "
+        f"rolled back {len(ledger.rolled_back) + len(ledger.savepoint):,}, "
+        f"faults {sum(chaos.injected.values())}, waiting for fan-out {waiting:,}, "
+        f"unfinished notifications {unfinished:,}",
+        flush=True,
+    )
+
+
+def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
+    """Wait until every event is fanned out and every notification finished
+    (or only EXPIRED ones are left). Gives up when the backlog has not shrunk
+    for ``--drain-timeout`` seconds. Returns (drained, the backlog when it
+    began: notifications unfinished plus events waiting for fan-out)."""
+    timeout = ARGS.drain_timeout or 120 + 2 * LEASE
+    state = None
+    while state is None:
+        state = patiently(backlog)
+        if state is None:
+            time.sleep(0.5)
+    start_backlog = state[0] + state[1]
+    best, best_at = start_backlog, time.monotonic()
+    next_report = time.monotonic() + 10
+    while time.monotonic() - best_at < timeout:
+        chaos.supervise()
+        janitor.tick()
+        state = patiently(backlog)
+        if state is not None:
+            waiting, unfinished, expired, _ = state
+            if waiting == 0 and unfinished == expired:
+                return True, start_backlog
+            if waiting + unfinished < best:
+                best, best_at = waiting + unfinished, time.monotonic()
+            if time.monotonic() >= next_report:
+                print(
+                    f"  +{time.monotonic() - began:5.0f}s draining: waiting for "
+                    f"fan-out {waiting:,}, unfinished notifications {unfinished:,}",
+                    flush=True,
+                )
+                next_report += 10
+        time.sleep(0.5)
+    chaos.note(f"the backlog did not shrink for {timeout:.0f} s: not drained")
+    diagnose(chaos)
+    return False, start_backlog
+
+
+def diagnose(chaos: Chaos) -> None:
+    """Evidence of a soak that did not drain, in the log directory: each
+    relay's thread stacks (in its log), the database sessions and the
+    unfinished notifications (``database.txt``)."""
+    for relay in chaos.relays:
+        if relay.running():
+            relay.dump_stacks()
+    queries = {
+        "postgresql": [
+            "SELECT pid, client_port, state, wait_event_type, wait_event, "
+            "now() - xact_start AS xact_age, left(query, 300) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            "SELECT l.pid, l.locktype, l.relation::regclass, l.mode, l.granted "
+            "FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            "AND l.locktype <> 'virtualxid'",
+        ],
+        "mysql": [
+            "SELECT ID, HOST, COMMAND, TIME, STATE, LEFT(INFO, 300) "
+            "FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID()",
+            "SELECT trx_mysql_thread_id, trx_state, trx_started, "
+            "trx_rows_locked, LEFT(trx_query, 300) FROM information_schema.INNODB_TRX",
+        ],
+    }[connection.vendor]
+    queries.append(
+        "SELECT subscriber, state, count(*), min(next_retry_at), max(attempts), "
+        "min(locked_by), max(locked_by) FROM outbox_app_notification "
+        "WHERE state <> 'SUCCEEDED' GROUP BY subscriber, state"
+    )
+    with open(chaos.log_dir / "database.txt", "w") as out:
+        for sql in queries:
+            out.write(f"-- {sql}\n")
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(sql)
+                    for row in cursor.fetchall():
+                        out.write("\t".join(map(str, row)) + "\n")
+            except DatabaseError as exc:
+                connection.close()
+                out.write(f"error: {exc}\n")
+
+
+# --- the checks -----------------------------------------------------------------
+
+
+def relay_logs(relays: list[Relay]) -> collections.Counter:
+    """Totals read from the relays' logs (``relay iteration`` lines and the
+    messages about errors and pauses)."""
+    totals: collections.Counter = collections.Counter()
+    patterns = {
+        "database errors": "relay database error",
+        "publisher pauses": "publisher paused",
+        "tracebacks": "Traceback",
+    }
+    for relay in relays:
+        for line in relay.log_path.read_text(errors="replace").splitlines():
+            if "relay iteration" in line:
+                for key in ("lost", "released", "failed", "expired"):
+                    found = re.search(rf"\b{key}=(\d+)", line)
+                    if found:
+                        totals[key] += int(found[1])
+            for name, pattern in patterns.items():
+                if pattern in line:
+                    totals[name] += 1
+    return totals
+
+
+def check(ledger, chaos, relays, seen, timing) -> int:
+    """Check every invariant, print the summary; the exit status."""
+    failures: list[str] = []
+
+    def must_be_zero(label: str, value: int) -> str:
+        if value:
+            failures.append(f"{label}: {value}")
+        return f"{value:,} (must be 0)"
+
+    events = {
+        e: (t, a, v)
+        for e, t, a, v in OutboxEvent.objects.values_list(
+            "id", "event_type", "aggregate_id", "aggregate_version"
+        ).iterator(chunk_size=5000)
+    }
+    committed = set(events)
+    deposits = set(Deposit.objects.values_list("event_id", flat=True))
+    effects = list(
+        Effect.objects.order_by("id").values_list(
+            "handler", "event_id", "aggregate", "position", "previous"
+        )
+    )
+    notifications = collections.Counter(
+        Notification.objects.values_list("state", flat=True).iterator(chunk_size=5000)
+    )
+    retried = Notification.objects.filter(attempts__gt=1).count()
+    lags = collections.defaultdict(list)  # publish() -> SUCCEEDED, seconds
+    for subscriber, done, occurred in (
+        Notification.objects.filter(state=State.SUCCEEDED)
+        .values_list("subscriber", "completed_at", "event__occurred_at")
+        .iterator(chunk_size=5000)
+    ):
+        lags[subscriber].append((done - occurred).total_seconds())
+    undelivered = OutboxEvent.objects.undelivered().count()
+    unfinished = (
+        undelivered
+        + sum(n for s, n in notifications.items() if s != State.SUCCEEDED)
+        + max(0, len(committed) * len(SUBSCRIBERS) - sum(notifications.values()))
+    )
+
+    never = ledger.rolled_back | ledger.savepoint | ledger.aborted
+    said_lost = ledger.committed - committed
+    strangers = committed - ledger.committed  # committed, but no writer says so
+    atomicity = len(deposits ^ committed)
+
+    per_handler = {h: collections.Counter() for h in HANDLERS}
+    for handler, event_id, *_ in effects:
+        per_handler.setdefault(handler, collections.Counter())[event_id] += 1
+    effect_dups = {
+        h: sum(n - 1 for n in c.values() if n > 1) for h, c in per_handler.items()
+    }
+    effect_missing = {h: len(committed - set(c)) for h, c in per_handler.items()}
+    effect_strays = sum(len(set(c) - committed) for c in per_handler.values())
+    violations = order_violations([e for e in effects if e[0] == ORDERED])
+
+    broker_ids = {i for i in seen if i}
+    broker_uuids = {uuid.UUID(i) for i in broker_ids}
+    broker_missing = len(committed - broker_uuids)
+    broker_dups = sum(n - 1 for n in seen.values() if n > 1)
+    broker_strays = len(broker_uuids - committed) + seen.get(None, 0)
+    from_rolled_back = (
+        len(never & committed)
+        + len(never & deposits)
+        + len(never & broker_uuids)
+        + len(never & {e for _, e, *_ in effects})
+    )
+
+    logs = relay_logs(relays)
+    restarts = sum(r.starts - 1 for r in relays)
+
+    def show(label: str, text: str) -> None:
+        print(f"{label:<27}{text}")
+
+    print()
+    print(
+        f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {ARGS.relays} relays, "
+        f"lease {LEASE:g} s, {ARGS.writers} writers at {ARGS.rate:g} events/s, "
+        f"{ARGS.seconds:g} s, seed {ARGS.seed}"
+    )
+    rolled_back = len(ledger.rolled_back) + len(ledger.savepoint)
+    unknown = ", ".join(f"{k} {v}" for k, v in sorted(ledger.unknown.items()))
+    show(
+        "events published",
+        f"{ledger.published():,}: committed {len(committed):,}, rolled back "
+        f"{rolled_back:,} (transactions {len(ledger.rolled_back):,}, savepoints "
+        f"{len(ledger.savepoint):,}), aborted by faults "
+        f"{ledger.counts['aborted events']:,} (in "
+        f"{ledger.counts['aborted transactions']:,} transactions)"
+        + (f"; commits that raised: {unknown}" if unknown else ""),
+    )
+    kinds = [*KINDS, "db-restart"]
+    faults = ", ".join(f"{k} {chaos.injected[k]}" for k in kinds if chaos.injected[k])
+    skipped = sum(chaos.skipped.values())
+    show(
+        "faults injected",
+        f"{sum(chaos.injected.values())}: {faults or 'none'}"
+        + (f" ({skipped} more found nothing to hit)" if skipped else ""),
+    )
+    show(
+        "relays",
+        f"{restarts} restarts; from their logs: lost leases {logs['lost']:,}, "
+        f"released {logs['released']:,}, failed attempts {logs['failed']:,}, "
+        f"database errors {logs['database errors']}, publisher pauses "
+        f"{logs['publisher pauses']}",
+    )
+    show(
+        "notifications",
+        f"{sum(notifications.values()):,} ({len(SUBSCRIBERS)} subscribers): "
+        f"SUCCEEDED {notifications.get(State.SUCCEEDED, 0):,}, retried "
+        f"{retried:,}, EXPIRED {notifications.get(State.EXPIRED, 0):,}",
+    )
+    for subscriber in SUBSCRIBERS:
+        values = sorted(lags.get(subscriber) or [0.0])
+        show(
+            f"  lag, {subscriber}",
+            f"p50 {statistics.median(values):.1f} s, max {values[-1]:.1f} s "
+            "(publish() -> SUCCEEDED)",
+        )
+    show("broker messages consumed", f"{sum(seen.values()):,}")
+    copies = collections.Counter(n for n in seen.values() if n > 1)
+    show(
+        "  duplicates at the broker",
+        f"{broker_dups:,}"
+        + (
+            " (messages seen "
+            + ", ".join(f"{n} times: {k:,}" for n, k in sorted(copies.items()))
+            + ")"
+            if copies
+            else ""
+        ),
+    )
+    with open(chaos.log_dir / "broker-duplicates.txt", "w") as out:
+        for message_id, n in seen.items():
+            if n > 1:
+                out.write(f"{message_id} {n}\n")
+    show("  committed events missing", must_be_zero("broker: missing", broker_missing))
+    show("  other message ids", must_be_zero("broker: unknown ids", broker_strays))
+    show(
+        "effect duplicates",
+        must_be_zero("effect duplicates", sum(effect_dups.values()))
+        + ": "
+        + ", ".join(f"{h} {n}" for h, n in effect_dups.items()),
+    )
+    show(
+        "effects missing",
+        must_be_zero("effects missing", sum(effect_missing.values()))
+        + ": "
+        + ", ".join(f"{h} {n}" for h, n in effect_missing.items()),
+    )
+    show("effects of other events", must_be_zero("effects of others", effect_strays))
+    show("order violations", must_be_zero("order violations", violations))
+    show("unfinished", must_be_zero("unfinished", unfinished))
+    show(
+        "from rolled-back/aborted",
+        must_be_zero("from rolled-back transactions", from_rolled_back),
+    )
+    show("events != Deposit rows", must_be_zero("events vs Deposit rows", atomicity))
+    show(
+        "committed, then missing",
+        must_be_zero("writer committed, event missing", len(said_lost)),
+    )
+    show(
+        "in outbox, not committed",
+        must_be_zero("events no writer committed", len(strangers)),
+    )
+    for text, n in ledger.errors.most_common(5):
+        show("writer errors", f"{n}x {text}")
+    show(
+        "elapsed",
+        f"{timing['elapsed']:.1f} s (writing {timing['wrote']:.1f} s, then "
+        f"draining a backlog of {timing['behind']:,} in {timing['draining']:.1f} s"
+        + ("" if timing["drained"] else ", NOT DRAINED")
+        + ")",
+    )
+    for note in chaos.notes:
+        print(f"note: {note}")
+    if failures:
+        print("soak: FAILED: " + "; ".join(failures))
+        return 1
+    print("soak: OK")
+    return 0
+
+
+def order_violations(effects: list[tuple]) -> int:
+    """Effects of the ordered handler written out of order: with ``previous``
+    the aggregate's highest position committed when it ran, position p is in
+    order when previous is p - 1 (or p for a duplicate, counted apart), and
+    when no effect of a higher position was written before it."""
+    bad = 0
+    top: dict[str, int] = {}
+    for _, _, aggregate, position, previous in effects:
+        if previous not in (position - 1, position) or top.get(aggregate, 0) > position:
+            bad += 1
+        top[aggregate] = max(top.get(aggregate, 0), position)
+    return bad
+
+
+def main() -> int:
+    try:
+        return soak()
+    except SetUpError as exc:
+        set_up_error(exc)
+
+
+def soak() -> int:
+    keep = ARGS.log_dir is not None
+    log_dir = Path(ARGS.log_dir or tempfile.mkdtemp(prefix="outbox-soak-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        status = run(log_dir)
+    finally:
+        try:
+            BROKER.allow()
+        except Exception as exc:
+            print(f"could not restore the vhost's permissions: {exc}", file=sys.stderr)
+    if status == 0 and not keep:
+        for path in log_dir.iterdir():
+            path.unlink()
+        log_dir.rmdir()
+    elif status:
+        print(f"logs kept in {log_dir}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

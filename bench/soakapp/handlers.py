@@ -1,0 +1,66 @@
+"""Found by outbox_app's autodiscovery of each installed app's ``handlers``.
+
+Three database-only handlers of ``Deposited``, each writing one ``Effect`` row
+in the transaction that marks its notification SUCCEEDED, then sleeping a
+random time from 0 to twice ``$SOAK_HANDLER_SECONDS`` (default 0.002 s) with
+that transaction open:
+
+- ``soak.effect``: writes its row.
+- ``soak.flaky``: writes its row, then raises ``ConnectionError`` with the
+  probability ``$SOAK_FAILURE_RATE`` (default 0.05), which rolls the row back
+  and retries the notification with backoff.
+- ``soak.ordered`` (``ordered=True``): reads the highest position of its
+  aggregate's effects committed so far, writes its row with it
+  (``previous``), then fails like ``soak.flaky`` at half the rate (a failing
+  head holds its aggregate back until the retry).
+"""
+
+import os
+import random
+import time
+
+from django.db.models import Max
+
+from outbox_app import handler
+
+from .events import Deposited
+from .models import Effect
+
+FAILURE_RATE = float(os.environ.get("SOAK_FAILURE_RATE", "0.05"))
+HANDLER_SECONDS = float(os.environ.get("SOAK_HANDLER_SECONDS", "0.002"))
+PID = os.getpid()
+
+
+def _record(name: str, event: Deposited, context, previous: int | None = None):
+    Effect.objects.create(
+        handler=name,
+        event_id=context.event_id,
+        aggregate=context.aggregate_id or "",
+        position=context.aggregate_version,
+        previous=previous,
+        attempt=context.attempt,
+        relay_pid=PID,
+    )
+    time.sleep(random.uniform(0, 2 * HANDLER_SECONDS))
+
+
+@handler(Deposited, name="soak.effect")
+def effect(event: Deposited, context) -> None:
+    _record("soak.effect", event, context)
+
+
+@handler(Deposited, name="soak.flaky")
+def flaky(event: Deposited, context) -> None:
+    _record("soak.flaky", event, context)
+    if random.random() < FAILURE_RATE:
+        raise ConnectionError(f"soak.flaky failed on attempt {context.attempt}")
+
+
+@handler(Deposited, name="soak.ordered", ordered=True)
+def ordered(event: Deposited, context) -> None:
+    seen = Effect.objects.filter(
+        handler="soak.ordered", aggregate=context.aggregate_id or ""
+    ).aggregate(top=Max("position"))["top"]
+    _record("soak.ordered", event, context, previous=seen or 0)
+    if random.random() < FAILURE_RATE / 2:
+        raise ConnectionError(f"soak.ordered failed on attempt {context.attempt}")

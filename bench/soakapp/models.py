@@ -1,0 +1,34 @@
+from django.db import models
+
+
+class Deposit(models.Model):
+    """The writer's own row, committed in the same transaction as the event
+    it publishes (one per event): the soak checks that the two sets match."""
+
+    event_id = models.UUIDField(unique=True)
+    account = models.CharField(max_length=100)
+    version = models.IntegerField()
+
+
+class Effect(models.Model):
+    """A handler's database write, in the transaction that marks its
+    notification SUCCEEDED. Deliberately no unique constraint: a second
+    delivery would add a second row, which the soak counts."""
+
+    handler = models.CharField(max_length=100)
+    event_id = models.UUIDField()
+    aggregate = models.CharField(max_length=100, blank=True, default="")
+    position = models.IntegerField(null=True)
+    #: Ordered handler only: the highest position of the aggregate's effects
+    #: that the handler saw committed when it ran (0 for none).
+    previous = models.IntegerField(null=True)
+    attempt = models.IntegerField()
+    relay_pid = models.IntegerField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["handler", "event_id"], name="soak_effect_event"),
+            models.Index(
+                fields=["handler", "aggregate", "position"], name="soak_effect_order"
+            ),
+        ]
