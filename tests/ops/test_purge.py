@@ -9,8 +9,9 @@ import io
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from outbox_app import Notification, OutboxEvent, outbox_action
 from outbox_app.purge import PurgeCounts, purge
@@ -117,6 +118,29 @@ def test_purge__refuses_bad_arguments():
         purge(-1)
     with pytest.raises(ValueError, match="batch_size"):
         purge(batch_size=0)
+    with pytest.raises(ValueError, match="pause_ratio"):
+        purge(pause_ratio=-1)
+
+
+def test_purge__pauses_after_each_batch_as_long_as_told(world, monkeypatch):
+    slept = []
+    monkeypatch.setattr("outbox_app.purge.time.sleep", slept.append)
+    counts = purge(batch_size=1, pause_ratio=2)
+    assert counts.total == 9
+    assert slept and all(seconds >= 0 for seconds in slept)
+    slept.clear()
+    purge(batch_size=1, pause_ratio=0)  # nothing left, and no pause asked
+    assert slept == []
+
+
+def test_purge__pages_do_not_lock_rows(world):
+    # The ids are read without FOR UPDATE: only the DELETEs, by primary key,
+    # lock rows, and only those rows.
+    with CaptureQueriesContext(connection) as queries:
+        purge(batch_size=2, pause_ratio=0)
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [sql for sql in statements if "FOR UPDATE" in sql.upper()]
+    assert [sql for sql in statements if sql.upper().startswith("DELETE")]
 
 
 def test_command__purges_and_prints_a_summary(world):
@@ -142,3 +166,11 @@ def test_command__bad_arguments():
         call_command("outbox_purge", "--older-than", "-3")
     with pytest.raises(CommandError, match="batch-size"):
         call_command("outbox_purge", "--batch-size", "0")
+    with pytest.raises(CommandError, match="pause-ratio"):
+        call_command("outbox_purge", "--pause-ratio", "-1")
+
+
+def test_command__pause_ratio(world):
+    out = io.StringIO()
+    call_command("outbox_purge", "--pause-ratio", "0", "-v", "0", stdout=out)
+    assert "Deleted 1 events, 7 notifications and 1 sentinel rows." in (out.getvalue())

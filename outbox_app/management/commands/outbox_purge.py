@@ -22,6 +22,13 @@ def _days(text: str) -> float:
 _days.__name__ = "number of days"
 
 
+def _ratio(text: str) -> float:
+    return _days(text)
+
+
+_ratio.__name__ = "non-negative number"
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -62,6 +69,15 @@ class Command(BaseCommand):
             help="Rows per DELETE statement (default: %(default)s).",
         )
         parser.add_argument(
+            "--pause-ratio",
+            type=_ratio,
+            default=purge.DEFAULT_PAUSE_RATIO,
+            metavar="RATIO",
+            help="After each batch, sleep RATIO times as long as the batch took, "
+            "so the relay keeps its share of the database (default: %(default)s: "
+            "the purge works at most half the time; 0: no pause).",
+        )
+        parser.add_argument(
             "--database",
             default=DEFAULT_DB_ALIAS,
             help="Database alias (default: %(default)s).",
@@ -75,6 +91,7 @@ class Command(BaseCommand):
                 options["older_than"],
                 batch_size=options["batch_size"],
                 dry_run=options["dry_run"],
+                pause_ratio=options["pause_ratio"],
                 progress=bar,
                 using=options["database"],
             )
