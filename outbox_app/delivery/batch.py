@@ -101,7 +101,11 @@ class Batch:
             if ids:
                 fold.after = ids[-1]
             fanned_out = len(ids)
-            contexts += claimed
+            # Where the fan-out reads its claimed rows back by lease token
+            # (not PostgreSQL's RETURNING), a row this claim took already (a
+            # replayed delivery of an event not fanned out yet) comes back too.
+            taken = {c.notification_id for c in contexts}
+            contexts += [c for c in claimed if c.notification_id not in taken]
         return cls(
             subscriber, gateway, token, contexts, now, started, started, fanned_out
         )

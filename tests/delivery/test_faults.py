@@ -286,3 +286,33 @@ def test_a_backlog_outlasting_the_time_budget_starves_no_other_subscriber(
     done = Notification.objects.filter(state=State.SUCCEEDED)
     assert done.filter(subscriber="a_slow").exists()
     assert done.filter(subscriber="b_fast").exists()
+
+
+def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
+    """Found by the lifecycle state machine (tests/fuzz/test_lifecycle.py) on
+    SQLite and MariaDB: a claim took the replayed row as due, its folded
+    fan-out took the row's event and read the row back by lease token, and
+    the batch listed it twice (the handler ran twice for one attempt)."""
+    from outbox_app import operations
+    from outbox_app.delivery.batch import Batch, Fold
+    from outbox_app.delivery.fanout import subscribed_types
+    from outbox_app.registry import subscribers
+
+    calls = []
+
+    @registered("OrderPlaced", name="once")
+    def once(event, context):
+        calls.append(context.notification_id)
+
+    place(1)
+    operations.replay_to(OutboxEvent.objects.all(), "once")
+    batch = Batch.claim(
+        get("once"), "default", 10, None, "w:1", Fold(subscribed_types(subscribers()))
+    )
+    assert [c.notification_id for c in batch.contexts] == list(
+        Notification.objects.filter(subscriber="once").values_list("id", flat=True)
+    )
+    batch.release()
+    report = deliver([get("once")])
+    assert (report.succeeded, report.lost) == (1, 0)
+    assert len(calls) == 1
