@@ -219,7 +219,8 @@ def test_a_payload_at_the_size_limit_is_stored_one_byte_more_is_refused(settings
     assert OutboxEvent.objects.count() == 1
 
 
-TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=20)
+# Unicode text (no NUL, no lone surrogates: publish() refuses those, see above).
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
 SHIPMENTS = st.builds(
     OrderShipped,
     order_id=st.integers(),
