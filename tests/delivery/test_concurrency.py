@@ -28,14 +28,14 @@ def test_ordered_claims_side_by_side_never_fail(registered):
     def ordered(event, context):
         pass
 
-    aggregates, steps = 60, 40
+    aggregates, steps = 40, 20
     with transaction.atomic():
         for position in range(steps):
             for aggregate in range(aggregates):
                 publish(Step(position=position), aggregate=("shop.Cart", aggregate))
     fan_out()
     errors: list[BaseException] = []
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 4
 
     def claimer(number: int) -> None:
         subscriber = get("ordered")
