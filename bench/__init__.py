@@ -21,6 +21,27 @@ def clear() -> None:
         model.objects.all().delete()
 
 
+def publish_orders(count: int, aggregate_type: str) -> None:
+    """``count`` committed ``OrderPlaced`` events (``bench.benchapp``), 1,000 per
+    transaction, each transaction's on one aggregate; not fanned out."""
+    import decimal
+
+    from django.db import transaction
+
+    from bench.benchapp.events import OrderPlaced
+    from outbox_app import publish
+
+    for start in range(0, count, 1000):
+        with transaction.atomic():
+            publish(
+                *[
+                    OrderPlaced(order_id=i, total=decimal.Decimal(i) / 100)
+                    for i in range(start, min(count, start + 1000))
+                ],
+                aggregate=(aggregate_type, start),
+            )
+
+
 @contextlib.contextmanager
 def without_claim_ahead() -> Iterator[None]:
     """The relay as it was before claiming the next batch ahead: one batch at a

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import decimal
 import os
 import re
 import statistics
@@ -69,8 +68,7 @@ django.setup()
 from django.db import connection, connections, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.benchapp.events import OrderPlaced  # noqa: E402
-from outbox_app import publish  # noqa: E402
+from bench import publish_orders  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = connection.vendor
@@ -239,15 +237,7 @@ def fresh_backlog(count: int) -> None:
     with transaction.atomic():
         execute(f"DELETE FROM {NOTIFICATIONS} WHERE subscriber = %s", ("bench.noop",))
         execute(f"DELETE FROM {EVENTS} WHERE created_at >= %s", (cutoff,))
-    for start in range(0, count, 1000):
-        with transaction.atomic():
-            publish(
-                *[
-                    OrderPlaced(order_id=i, total=decimal.Decimal(i) / 100)
-                    for i in range(start, min(count, start + 1000))
-                ],
-                aggregate=("bench.FreshOrder", start),
-            )
+    publish_orders(count, "bench.FreshOrder")
     if VENDOR == "postgresql":
         for table in (EVENTS, NOTIFICATIONS):
             execute(f"ANALYZE {table}")

@@ -113,7 +113,15 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import bare, context_for, percentile, rabbit, summarize, vacuum  # noqa: E402
+from bench import (  # noqa: E402
+    bare,
+    context_for,
+    percentile,
+    publish_orders,
+    rabbit,
+    summarize,
+    vacuum,
+)
 from bench.benchapp.events import OrderPlaced  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.models import SubscriberPause, Subscription  # noqa: E402
@@ -204,15 +212,7 @@ def publish_backlog(events: int) -> None:
     """``events`` committed OrderPlaced events, 1,000 per transaction, not fanned
     out."""
     reset()
-    for start in range(0, events, 1000):
-        with transaction.atomic():
-            publish(
-                *[
-                    OrderPlaced(order_id=i, total=decimal.Decimal(i) / 100)
-                    for i in range(start, min(events, start + 1000))
-                ],
-                aggregate=("bench.Order", start),
-            )
+    publish_orders(events, "bench.Order")
     vacuum()
 
 

@@ -890,14 +890,7 @@ class SubscriptionAdmin(_OutboxAdminMixin, admin.ModelAdmin):
 
     @admin.display(boolean=True, description=gettext_lazy("served"))
     def served(self, obj: Subscription) -> bool | None:
-        if obj.retired_at is not None:
-            return None
-        return (
-            Subscription.objects.using(obj._state.db)
-            .served()
-            .filter(pk=obj.pk)
-            .exists()
-        )
+        return None if obj.retired_at is not None else obj.is_served()
 
     @admin.action(
         permissions=["requeue"],

@@ -27,6 +27,7 @@ from .querysets import (
     OutboxEventQuerySet,
     SubscriberPauseQuerySet,
     SubscriptionQuerySet,
+    served_since,
 )
 from .states import CLAIMABLE, UNFINISHED, State
 
@@ -272,6 +273,10 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subscriber} <- {self.event_type}"
+
+    def is_served(self, now=None) -> bool:
+        """Active, and a relay refreshed it within ``SERVED_SECONDS``."""
+        return self.retired_at is None and self.last_seen_at >= served_since(now)
 
 
 class OutboxOverview(Notification):

@@ -217,22 +217,23 @@ HEARTBEAT_SECONDS = 60
 SERVED_SECONDS = 5 * HEARTBEAT_SECONDS
 
 
+def served_since(now: datetime.datetime | None = None) -> datetime.datetime:
+    """A subscription refreshed at or after this moment has a relay serving it."""
+    return (now or timezone.now()) - datetime.timedelta(seconds=SERVED_SECONDS)
+
+
 class SubscriptionQuerySet(QuerySet):
     def active(self) -> SubscriptionQuerySet:
         return self.filter(retired_at__isnull=True)
 
     def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
-        now = now or timezone.now()
-        cutoff = now - datetime.timedelta(seconds=SERVED_SECONDS)
-        return self.active().filter(last_seen_at__gte=cutoff)
+        return self.active().filter(last_seen_at__gte=served_since(now))
 
     def unserved(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows no relay refreshed within :data:`SERVED_SECONDS`: their
         notifications wait for a relay that has the subscriber."""
-        now = now or timezone.now()
-        cutoff = now - datetime.timedelta(seconds=SERVED_SECONDS)
-        return self.active().filter(last_seen_at__lt=cutoff)
+        return self.active().filter(last_seen_at__lt=served_since(now))
 
     def record(
         self,

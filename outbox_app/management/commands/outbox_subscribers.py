@@ -126,11 +126,6 @@ class Command(BaseCommand):
             .annotate(n=Count("id"))
             .order_by()
         }
-        served = set(
-            Subscription.objects.using(using)
-            .served(now)
-            .values_list("subscriber", "event_type")
-        )
         columns = ["subscriber", "event type", "kind", "state", "last seen", "waiting"]
         lines = []
         for s in subscriptions:
@@ -138,7 +133,7 @@ class Command(BaseCommand):
             if s.retired_at is not None:
                 state = "retired"
             else:
-                state = "served" if pair in served else "UNSERVED"
+                state = "served" if s.is_served(now) else "UNSERVED"
             if s.event_type == WILDCARD:
                 waiting = sum(
                     n for (name, _), n in unfinished.items() if name == s.subscriber
