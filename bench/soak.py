@@ -32,7 +32,17 @@ row in the transaction that marks their notification: ``soak.effect``,
 ``soak.ordered`` (``ordered=True``, fails half as often; it records the
 highest position of its aggregate it saw committed). Each sleeps
 ``--handler-ms`` on average with its transaction open, so that faults find
-handlers mid-transaction.
+handlers mid-transaction. Half of their failures' messages hold a lone
+surrogate, text no column stores as it is. A fourth handler,
+``soak.callback``, sends each event from a ``transaction.on_commit``
+callback (an idempotent ``Sent`` row) that raises instead
+``--callback-failure-rate`` of the time.
+One ``python -m django consume -v 2`` process runs ``soak.consumer``
+(``bench/soakapp/consumers.py``) on the queue ``soak.inbox``, bound to the
+same exchange: an ``Effect`` row per event in the inbox's transaction.
+Every ``--poison-every`` seconds the soak sends a poison message straight to
+that queue (not JSON, not an object, NUL in the id, type, source or subject,
+an id that is not text or longer than its column), in turn.
 
 **Faults** (``--faults``, all by default), one every ``--fault-every``
 seconds (uniformly 0.5x to 1.5x), of a kind picked at random among those
@@ -63,8 +73,12 @@ out and every notification SUCCEEDED; the soak gives up when the backlog has
 not shrunk for ``--drain-timeout`` seconds) and were stopped with SIGTERM,
 and the queue was consumed:
 
-- each committed event's effect exactly once per handler: duplicates (must be
-  0) and missing effects (must be 0);
+- each committed event's effect exactly once per handler and for the
+  consumer: duplicates (must be 0) and missing effects (must be 0);
+- every committed event sent by ``soak.callback``'s callback (must be 0
+  missing), every poison message parked as undecodable (must be 0 not
+  parked), and no relay or consume process exited by itself or other than
+  0 on the final SIGTERM (must be 0);
 - per-aggregate order for ``soak.ordered``: violations (must be 0), an effect
   written while its aggregate's previous position was not committed yet, or
   after a later one;
@@ -95,7 +109,7 @@ of its own and restart only that one::
         --restart-db-cmd "pg_ctlcluster 15 soak restart"
 
 Logs go to ``--log-dir`` (by default a temporary directory, removed after a
-passing run): each relay's output (``relay-N.log``, ``-v 2``; a relay that
+passing run): each relay's output (``relay-N.log``, ``-v 2``; ``consume-1.log``; a relay that
 does not drain or stop also writes its threads' stacks there), the fault
 timeline (``faults.log``) and, when the relays do not drain, the database
 sessions and unfinished rows (``database.txt``).
@@ -130,7 +144,12 @@ KINDS = ("kill", "term", "stall", "db-cut", "broker-cut", "broker-outage")
 PUBLISHER = "soak.broker"
 HANDLERS = ("soak.effect", "soak.flaky", "soak.ordered")
 ORDERED = "soak.ordered"
-SUBSCRIBERS = (PUBLISHER, *HANDLERS)
+#: The handler whose effect is an on_commit callback (a ``Sent`` row).
+CALLBACK = "soak.callback"
+SUBSCRIBERS = (PUBLISHER, *HANDLERS, CALLBACK)
+#: The inbox's consumer (``manage.py consume``), and the queue it reads.
+CONSUMER = "soak.consumer"
+INBOX_QUEUE = "soak.inbox"
 AGGREGATE_TYPE = "soak.Account"
 #: Seconds the relays have to exit after the final SIGTERM.
 STOP_SECONDS = 60.0
@@ -156,6 +175,10 @@ OPTIONS = [
      "publish one more event in a savepoint rolled back (default 0.05)"),
     ("--failure-rate", float, 0.05, "fraction of soak.flaky's attempts that "
      "raise; soak.ordered fails half as often (default 0.05)"),
+    ("--callback-failure-rate", float, 0.05, "fraction of soak.callback's "
+     "on_commit callbacks that raise (default 0.05)"),
+    ("--poison-every", float, 3.0, "mean time between two poison messages sent "
+     "to the consumer's queue, in seconds; 0 for none (default 3)"),
     ("--lease", float, None, "OUTBOX_LEASE_SECONDS of the relays, in seconds "
      "(default: the setting's own default, 60)"),
     ("--faults", str, ",".join(KINDS), "comma-separated fault kinds to inject, "
@@ -204,6 +227,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL", DEFAULT_DATABASE)
 os.environ["DATABASE_URL"] = DATABASE_URL
 os.environ["SOAK_BROKER_URL"] = ARGS.broker_url
 os.environ["SOAK_FAILURE_RATE"] = str(ARGS.failure_rate)
+os.environ["SOAK_CALLBACK_FAILURE_RATE"] = str(ARGS.callback_failure_rate)
 os.environ["SOAK_HANDLER_SECONDS"] = str(ARGS.handler_ms / 1000)
 if ARGS.lease:
     os.environ["SOAK_LEASE_SECONDS"] = str(ARGS.lease)
@@ -350,6 +374,30 @@ class Broker:
             channel.queue_bind(queue, exchange, "#")
             channel.queue_purge(queue)
 
+    def declare_inbox(self, exchange: str, queue: str) -> None:
+        """The consumer's queue as ``manage.py consume`` declares it, emptied,
+        so poison sent before the consumer is up waits there."""
+        with self._connect() as conn:
+            channel = conn.channel()
+            channel.queue_declare(queue, durable=True, auto_delete=False)
+            channel.queue_bind(queue, exchange, "#")
+            channel.queue_purge(queue)
+
+    def send(self, queue: str, body: bytes) -> bool:
+        """Put ``body`` on ``queue`` (the default exchange), persistent;
+        False when the broker refuses us now (an outage)."""
+        import amqp
+
+        try:
+            with self._connect() as conn:
+                channel = conn.channel()
+                channel.basic_publish(
+                    amqp.Message(body, delivery_mode=2), exchange="", routing_key=queue
+                )
+        except Exception:
+            return False
+        return True
+
     def consume(self, queue: str) -> collections.Counter:
         """Every message of ``queue`` (consumed, so the queue is left empty):
         the number of copies of each message id."""
@@ -396,12 +444,12 @@ from django.db import DatabaseError, connection, transaction  # noqa: E402
 from django.db.models import Count  # noqa: E402
 
 from bench.soakapp.events import Deposited  # noqa: E402
-from bench.soakapp.models import Deposit, Effect  # noqa: E402
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from bench.soakapp.models import Deposit, Effect, Sent  # noqa: E402
+from outbox_app import InboxMessage, Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.conf import outbox_settings  # noqa: E402
 from outbox_app.exceptions import DuplicateAggregateVersion  # noqa: E402
 from outbox_app.models import SubscriberPause  # noqa: E402
-from outbox_app.states import State  # noqa: E402
+from outbox_app.states import InboxState, State  # noqa: E402
 
 VENDOR = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}[connection.vendor]
 DB_PORT = int(
@@ -414,7 +462,15 @@ def reset() -> None:
     """Empty the soak's tables and the outbox's."""
     tables = [
         m._meta.db_table
-        for m in (Notification, OutboxEvent, SubscriberPause, Deposit, Effect)
+        for m in (
+            Notification,
+            OutboxEvent,
+            SubscriberPause,
+            InboxMessage,
+            Deposit,
+            Effect,
+            Sent,
+        )
     ]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -493,9 +549,13 @@ def tcp_ports(pid: int, remote_port: int) -> set[int]:
 class Relay:
     """One ``python -m django relay`` process, started again when it dies."""
 
+    command = "relay"
+    #: What it logs once it has set up Django and its SIGTERM handler.
+    ready = b"relay started"
+
     def __init__(self, index: int, log_dir: Path):
         self.index = index
-        self.log_path = log_dir / f"relay-{index}.log"
+        self.log_path = log_dir / f"{self.command}-{index}.log"
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.stalled_until: float | None = None
@@ -514,7 +574,7 @@ class Relay:
                     sys.executable,
                     "-m",
                     "django",
-                    "relay",
+                    self.command,
                     "-v",
                     "2",
                     "--settings",
@@ -530,12 +590,12 @@ class Relay:
         self.restart_at = None
 
     def up(self) -> bool:
-        """Whether it logged ``relay started`` since its last start (it has
-        set up Django and its SIGTERM handler)."""
+        """Whether it logged :attr:`ready` since its last start (it has set
+        up Django and its SIGTERM handler)."""
         if not self.is_up and self.running():
             with open(self.log_path, "rb") as log:
                 log.seek(self.log_offset)
-                self.is_up = b"relay started" in log.read()
+                self.is_up = self.ready in log.read()
         return self.is_up
 
     @property
@@ -575,6 +635,15 @@ class Relay:
         time.sleep(1)
 
 
+class Consumer(Relay):
+    """The ``python -m django consume`` process (``soak.consumer``), started
+    again when it dies. No fault aims at it but the broker's, which close
+    its connections too."""
+
+    command = "consume"
+    ready = b"consume ready"
+
+
 class Chaos:
     """Injects the faults and keeps the relays running (their supervisor).
 
@@ -582,8 +651,18 @@ class Chaos:
     ``rabbitmqctl`` call takes about a second, so they run in a thread of
     their own (one at a time) while the loop goes on."""
 
-    def __init__(self, relays: list[Relay], log_dir: Path, rng: random.Random):
+    def __init__(
+        self,
+        relays: list[Relay],
+        consumer: Consumer,
+        log_dir: Path,
+        rng: random.Random,
+    ):
         self.relays = relays
+        self.consumer = consumer
+        #: Processes that exited by themselves (a crash): must be none.
+        self.crashes = 0
+        self.poison: collections.Counter = collections.Counter()
         self.log_dir = log_dir
         self.rng = rng
         self.injected: collections.Counter = collections.Counter()
@@ -619,21 +698,22 @@ class Chaos:
         """Resume stalls that are over, restart relays that are down, end the
         broker outage when it is over."""
         now = time.monotonic()
-        for relay in self.relays:
+        for relay in [*self.relays, self.consumer]:
             if relay.stalled_until is not None and now >= relay.stalled_until:
                 self.resume(relay)
             if relay.running():
                 continue
             if relay.restart_at is None:
                 code = relay.process.returncode
+                self.crashes += 1
                 self.note(
-                    f"relay {relay.index} (pid {relay.pid}) exited by itself "
-                    f"with code {code}; see {relay.log_path}"
+                    f"{relay.command} {relay.index} (pid {relay.pid}) exited by "
+                    f"itself with code {code}; see {relay.log_path}"
                 )
                 relay.restart_at = now
             if now >= relay.restart_at:
                 relay.start()
-                self.log(f"relay {relay.index} started (pid {relay.pid})")
+                self.log(f"{relay.command} {relay.index} started (pid {relay.pid})")
         if (
             self.outage_until is not None
             and now >= self.outage_until
@@ -764,6 +844,30 @@ class Chaos:
         self.outage_until = time.monotonic() + seconds
         return f"(all relays): vhost closed for {seconds:.1f} s"
 
+    #: Poison messages sent to the consumer's queue, in turn: none is a
+    #: CloudEvent manage.py consume could store as it is.
+    POISON = (
+        ("not JSON", lambda n: b"\xff\xfe not json " + str(n).encode()),
+        ("a JSON array", lambda n: f'["poison", {n}]'.encode()),
+        ("NUL in the id", lambda n: _cloudevent(n, id=f"poison\u0000{n}")),
+        ("NUL in the type", lambda n: _cloudevent(n, type="Deposited\u0000")),
+        ("NUL in the source", lambda n: _cloudevent(n, source="soak\u0000")),
+        ("NUL in the subject", lambda n: _cloudevent(n, subject="a\u0000b")),
+        ("an id not text", lambda n: _cloudevent(n, id=n)),
+        ("an id of 300 characters", lambda n: _cloudevent(n, id=f"{n}-" + "x" * 300)),
+    )
+
+    def send_poison(self) -> None:
+        """Send the next poison message to the consumer's queue."""
+        sent = sum(self.poison.values())
+        kind, build = self.POISON[sent % len(self.POISON)]
+        if BROKER.send(INBOX_QUEUE, build(sent)):
+            with self.lock:
+                self.poison[kind] += 1
+            self.log(f"poison: {kind} sent to {INBOX_QUEUE}")
+        else:
+            self.log(f"poison: {kind} not sent (the broker refused)")
+
     def restart_database(self, command: str) -> None:
         """Run ``command`` (it restarts the database server) and wait for it."""
         began = time.monotonic()
@@ -777,6 +881,22 @@ class Chaos:
         with self.lock:
             self.injected["db-restart"] += 1
         self.log(f"db-restart: done in {took:.1f} s")
+
+
+def _cloudevent(n: int, **attributes) -> bytes:
+    """A CloudEvent for ``soak.consumer`` with ``attributes`` replaced."""
+    import json
+
+    envelope = {
+        "specversion": "1.0",
+        "id": f"poison-{n}",
+        "source": "soak",
+        "type": "Deposited",
+        "subject": "poison",
+        "data": {"account": "poison", "version": 1, "writer": 0, "amount": 0},
+        **attributes,
+    }
+    return json.dumps(envelope).encode()
 
 
 def terminate_backends(ports: set[int]) -> int:
@@ -982,8 +1102,13 @@ class Writer(threading.Thread):
 
 def backlog() -> tuple[int, int, int, int]:
     """(events not fanned out, notifications not SUCCEEDED, of which EXPIRED,
-    notifications)."""
-    waiting = OutboxEvent.objects.undelivered().count()
+    notifications); the events the consumer has not handled yet count as
+    waiting."""
+    events = OutboxEvent.objects.filter(event_type__isnull=False).count()
+    handled = InboxMessage.objects.filter(
+        consumer=CONSUMER, state=InboxState.HANDLED
+    ).count()
+    waiting = OutboxEvent.objects.undelivered().count() + max(0, events - handled)
     states = dict(
         Notification.objects.values_list("state").annotate(n=Count("id")).order_by()
     )
@@ -1013,8 +1138,10 @@ def run(log_dir: Path) -> int:
     reset()
     BROKER.ensure_vhost()
     BROKER.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
+    BROKER.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
     relays = [Relay(i + 1, log_dir) for i in range(ARGS.relays)]
-    chaos = Chaos(relays, log_dir, rng)
+    consumer = Consumer(1, log_dir)
+    chaos = Chaos(relays, consumer, log_dir, rng)
     ledger = Ledger()
     janitor = Autovacuum()
     stop = threading.Event()
@@ -1039,7 +1166,7 @@ def run(log_dir: Path) -> int:
         )
     began = time.monotonic()
     try:
-        for relay in relays:
+        for relay in [*relays, consumer]:
             relay.start()
         for writer in writers:
             writer.start()
@@ -1048,6 +1175,7 @@ def run(log_dir: Path) -> int:
             began + ARGS.seconds * ARGS.restart_db_at if ARGS.restart_db_cmd else None
         )
         next_fault = began + ARGS.fault_every * rng.uniform(0.5, 1.5)
+        next_poison = began + ARGS.poison_every if ARGS.poison_every else None
         next_report = began + 10
         while (now := time.monotonic()) < end:
             chaos.supervise()
@@ -1057,6 +1185,11 @@ def run(log_dir: Path) -> int:
             elif ARGS.faults and now >= next_fault:
                 chaos.inject(ARGS.faults)
                 next_fault = time.monotonic() + ARGS.fault_every * rng.uniform(0.5, 1.5)
+            if next_poison is not None and now >= next_poison:
+                chaos.send_poison()
+                next_poison = time.monotonic() + ARGS.poison_every * rng.uniform(
+                    0.5, 1.5
+                )
             if now >= next_report:
                 progress(began, ledger, chaos)
                 next_report += 10
@@ -1072,7 +1205,7 @@ def run(log_dir: Path) -> int:
     finally:
         stop.set()
         chaos.calm()
-        final = [r for r in relays if r.running()]
+        final = [r for r in [*relays, consumer] if r.running()]
         # One just restarted gets time to be up: SIGTERM before its handler is
         # installed would kill it (exit -15) and prove nothing.
         settle = time.monotonic() + 30
@@ -1086,8 +1219,9 @@ def run(log_dir: Path) -> int:
         codes = [relay.wait(deadline) for relay in final]
     for relay, code in zip(final, codes, strict=True):
         if code != 0:
+            chaos.crashes += 1
             chaos.note(
-                f"relay {relay.index} (pid {relay.pid}) "
+                f"{relay.command} {relay.index} (pid {relay.pid}) "
                 + (
                     f"exited {code} on the final SIGTERM"
                     if code is not None
@@ -1267,7 +1401,7 @@ def check(ledger, chaos, relays, seen, timing) -> int:
     strangers = committed - ledger.committed  # committed, but no writer says so
     atomicity = len(deposits ^ committed)
 
-    per_handler = {h: collections.Counter() for h in HANDLERS}
+    per_handler = {h: collections.Counter() for h in (*HANDLERS, CONSUMER)}
     for handler, event_id, *_ in effects:
         per_handler.setdefault(handler, collections.Counter())[event_id] += 1
     effect_dups = {
@@ -1288,6 +1422,15 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         + len(never & broker_uuids)
         + len(never & {e for _, e, *_ in effects})
     )
+
+    sent = set(Sent.objects.values_list("event_id", flat=True))
+    sent_missing = len(committed - sent)
+    sent_strays = len(sent - committed)
+    poison = sum(chaos.poison.values())
+    parked = InboxMessage.objects.filter(
+        consumer=CONSUMER, last_error_type__endswith="UndecodableMessage"
+    ).exclude(state=InboxState.HANDLED)
+    poison_parked = parked.count()
 
     logs = relay_logs(relays)
     restarts = sum(r.starts - 1 for r in relays)
@@ -1372,6 +1515,24 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         + ", ".join(f"{h} {n}" for h, n in effect_missing.items()),
     )
     show("effects of other events", must_be_zero("effects of others", effect_strays))
+    show(
+        f"sent by {CALLBACK}",
+        f"{len(sent):,}; committed events not sent "
+        + must_be_zero("on_commit sends missing", sent_missing)
+        + ", others "
+        + must_be_zero("on_commit sends of other events", sent_strays),
+    )
+    show(
+        "poison messages",
+        f"{poison} sent ("
+        + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
+        + f"); parked as undecodable {poison_parked}, not parked "
+        + must_be_zero("poison messages not parked", max(0, poison - poison_parked)),
+    )
+    show(
+        "processes that crashed",
+        must_be_zero("processes that exited by themselves", chaos.crashes),
+    )
     show("order violations", must_be_zero("order violations", violations))
     show("unfinished", must_be_zero("unfinished", unfinished))
     show(

@@ -68,3 +68,8 @@ OUTBOX_PUBLISHERS = {
 }
 if os.environ.get("SOAK_LEASE_SECONDS"):
     OUTBOX_LEASE_SECONDS = float(os.environ["SOAK_LEASE_SECONDS"])
+
+# ``manage.py consume`` (the soak's consumer process, bench/soakapp/consumers.py)
+# reads the relays' exchange from the same vhost.
+OUTBOX_INBOX_URL = OUTBOX_PUBLISHERS["soak.broker"]["URL"]
+OUTBOX_INBOX_EXCHANGE = SOAK_EXCHANGE

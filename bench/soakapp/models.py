@@ -32,3 +32,13 @@ class Effect(models.Model):
                 fields=["handler", "aggregate", "position"], name="soak_effect_order"
             ),
         ]
+
+
+class Sent(models.Model):
+    """What ``soak.callback``'s ``on_commit`` callback sends, once per event:
+    the unique key makes the callback idempotent, as a handler whose side
+    effect runs after its commit must be (it runs again when the callback
+    fails)."""
+
+    event_id = models.UUIDField(unique=True)
+    attempt = models.IntegerField()
