@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -148,8 +148,9 @@ class JetStreamPublisher(Publisher):
 
     Behaviour: each message is the event's CloudEvents JSON envelope
     (:func:`~outbox_app.publishers.cloudevents.body`) with the headers
-    ``Content-Type: application/cloudevents+json``, ``Nats-Msg-Id`` = the
-    event id and ``Nats-Expected-Stream`` = ``STREAM``. A message is reported
+    ``Content-Type: application/cloudevents+json``, ``Nats-Msg-Id`` =
+    ``<namespace>:<publisher name>:<event id>`` (:func:`message_id`) and
+    ``Nats-Expected-Stream`` = ``STREAM``. A message is reported
     delivered once its PubAck arrives, a duplicate's included (the stream
     holds it). A message JetStream refuses (a stream limit, say) fails with
     :class:`~outbox_app.exceptions.MessageRejected`; one whose subject no
@@ -321,7 +322,7 @@ class JetStreamPublisher(Publisher):
             )
         headers = {
             "Content-Type": cloudevents.CONTENT_TYPE,
-            MSG_ID: str(context.event_id),
+            MSG_ID: message_id(context.namespace, self.name, context.event_id),
             EXPECTED_STREAM: self.stream,
         }
         return subject, cloudevents.body(context), headers
@@ -637,6 +638,16 @@ class _Link:
         for future, _ in waiting.values():
             if not future.done():
                 future.set_result(error)
+
+
+def message_id(namespace: str, publisher: str, event_id: Any) -> str:
+    """The ``Nats-Msg-Id`` of an event: ``<namespace>:<publisher>:<event id>``,
+    ``%`` and ``:`` in the namespace and the publisher name percent-encoded
+    (so two pairs never spell the same id). Unique per project
+    (``OUTBOX_NAMESPACE``, the CloudEvents ``source``), publisher entry and
+    event: a stream drops a resend of the same publisher only."""
+    quoted = (quote(part, safe="") for part in (namespace, publisher))
+    return f"{':'.join(quoted)}:{event_id}"
 
 
 def _short_window(window: float | None) -> str | None:
