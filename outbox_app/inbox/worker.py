@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, connections, router
 from kombu import Connection, Exchange, Queue, binding
 
-from ..conf import outbox_settings
+from ..conf import mask_url, outbox_settings
 from ..models import InboxMessage
 from .receive import Tally, receive_batch, retry_due
 from .registry import Consumer
@@ -147,7 +147,7 @@ class ConsumeWorker:
         logger.info(
             "consume ready: queues %s on %s, prefetch %d, consumers %s",
             ", ".join(self.by_queue),
-            self.url.split("@")[-1],
+            mask_url(self.url),
             self.prefetch,
             ", ".join(c.name for c in self.consumers),
         )

@@ -30,6 +30,7 @@ import amqp
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import pyamqp
 
+from ..conf import mask_url
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
@@ -166,20 +167,19 @@ class KombuPublisher(Publisher):
             raise config_error(name, f"'CONNECT_RETRIES' must be >= 0, got {retries!r}")
 
         self.url = url
+        self.where = mask_url(url)  # for messages and logs
         try:
-            probe = Connection(url)
-            transport = probe.transport
+            transport = Connection(url).transport
         except ImportError as exc:  # e.g. redis:// without the redis library
             raise config_error(
-                name, f"'URL' {url!r} needs a missing library: {exc}"
+                name, f"'URL' {self.where!r} needs a missing library: {exc}"
             ) from exc
         except Exception as exc:
             raise config_error(
-                name, f"'URL' {url!r} is not a kombu URL: {exc}"
+                name, f"'URL' {self.where!r} is not a kombu URL: {mask_url(str(exc))}"
             ) from exc
         #: RabbitMQ through py-amqp: publisher confirms and mandatory publishing.
         self.amqp = isinstance(transport, pyamqp.Transport)
-        self.where = probe.as_uri()  # for messages; the password masked
         self.exchange = Exchange(exchange, type=exchange_type, durable=True)
         self.routing_key = options.get("ROUTING_KEY", DEFAULT_ROUTING_KEY)
         self._key_fields = template_fields(name, "ROUTING_KEY", self.routing_key)

@@ -35,13 +35,13 @@ import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import nats
 import nats.errors
 from nats.js.errors import NotFoundError
 
-from ..conf import outbox_settings, positive_number
+from ..conf import mask_url, outbox_settings, positive_number
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
@@ -188,7 +188,9 @@ class JetStreamPublisher(Publisher):
             and all(isinstance(s, str) and s for s in servers)
         ):
             raise config_error(
-                name, f"'URL' is required, e.g. 'nats://127.0.0.1:4222', got {url!r}"
+                name,
+                "'URL' is required, e.g. 'nats://127.0.0.1:4222', got "
+                + mask_url(repr(url)),
             )
         stream = options.get("STREAM")
         if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
@@ -218,7 +220,7 @@ class JetStreamPublisher(Publisher):
             )
 
         self.servers = list(servers)
-        self.where = ", ".join(map(_masked, self.servers))  # for messages
+        self.where = ", ".join(map(mask_url, self.servers))  # for messages
         self.stream = stream
         self.subject = options.get("SUBJECT", DEFAULT_SUBJECT)
         self._subject_fields = template_fields(name, "SUBJECT", self.subject)
@@ -682,14 +684,3 @@ def _stream_subjects(template: str) -> list[str] | None:
         return [template]  # a fixed subject
     prefix = literal.rpartition(".")[0]
     return [f"{prefix}.>"] if prefix else None
-
-
-def _masked(url: str) -> str:
-    """``url`` without its password (or token): for messages and logs."""
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    if not (parts.username or parts.password):
-        return url
-    secret = f"{parts.username}:**" if parts.password else "**"
-    host = parts.hostname or ""
-    netloc = f"{secret}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
