@@ -160,10 +160,13 @@ class PublisherUnavailable(DeliveryError):
 
 class UndeliverableMessage(DeliveryError):
     """This message can never be sent as it is: it cannot be encoded (a routing
-    key over 255 bytes, a field the routing-key template needs is missing).
+    key, or an AMQP ``type`` or ``message_id``, over 255 UTF-8 bytes; a field
+    the routing-key template needs is missing), or it is larger than the
+    broker takes (RabbitMQ's ``max_message_size``, NATS's ``max_payload``).
 
     Retrying cannot help, so the notification expires at once with the
-    reason (an operator fixes the cause, then requeues it).
+    reason (an operator fixes the cause, then requeues it); the rest of its
+    batch is delivered and the publisher is not paused.
     """
 
 

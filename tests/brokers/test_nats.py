@@ -357,6 +357,24 @@ def test_messages_that_cannot_be_encoded_fail_alone(
     ]
 
 
+def test_a_message_over_the_servers_max_payload_fails_alone(
+    jetstream, nats_url, unique, publishers
+):
+    jetstream.create(unique, [f"{unique}.>"])
+    sender = publisher(publishers, nats_url, unique, SUBJECT=unique + ".x")
+    sent = across_aggregates(4)
+    sent[1] = context(1, payload={"blob": "x" * 1_048_576})  # max_payload: 1 MiB
+
+    outcomes = sender.send_batch(sent)
+
+    assert isinstance(outcomes[1], UndeliverableMessage), outcomes
+    assert "maximum payload exceeded" in str(outcomes[1]).lower(), outcomes[1]
+    assert outcomes[:1] + outcomes[2:] == [None] * 3
+    assert event_ids(jetstream.messages(unique)) == [
+        str(c.event_id) for c in sent[:1] + sent[2:]
+    ]
+
+
 def test_messages_the_stream_refuses_are_rejected(
     jetstream, nats_url, unique, publishers
 ):
