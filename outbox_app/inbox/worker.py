@@ -123,7 +123,7 @@ class ConsumeWorker:
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** (failures - 1))
                 logger.error(
                     "consume: broker unreachable (%s), reconnecting in %.1f s",
-                    exc,
+                    mask_url(str(exc)),
                     delay,
                 )
                 self.stop.wait(delay)

@@ -253,3 +253,15 @@ def test_a_pause_logs_and_records_its_reason_masked(caplog):
     assert SECRET not in record.getMessage()
     assert "redis://:**@cache:6379/0" in record.getMessage()
     assert SECRET not in SubscriberPause.objects.get(subscriber="down").reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_refuses_a_malformed_url_masked(settings, caplog):
+    from django.core.management import call_command
+
+    settings.OUTBOX_PUBLISHERS = {"rabbitmq": {"URL": MALFORMED}}
+    with pytest.raises(ImproperlyConfigured) as raised:
+        call_command("relay", "--once", "--verbosity", "0")
+    assert SECRET not in str(raised.value)
+    assert "amqp://user:**@host:notaport//" in str(raised.value)
+    assert not [r for r in caplog.records if SECRET in r.getMessage()]
