@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .events import Event, upcaster
 from .exceptions import (
+    AggregateVersionConflict,
     DeliveryError,
     DuplicateAggregateVersion,
     DuplicateEventType,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .tracking import track, untracked
 
 __all__ = [
+    "AggregateVersionConflict",
     "ConsumeContext",
     "DeliveryContext",
     "DeliveryError",

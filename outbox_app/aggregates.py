@@ -34,12 +34,16 @@ What a Django user expects of the recorded events, and what happens:
   and puts its version field back then too.) (Seed 002 raises
   ``DuplicateOutboxEvent`` on a second drain; here a second drain in one
   transaction is a no-op and a drain after a rollback is the retry.)
+- **Published once.** A transaction that commits while an ``on_commit``
+  callback registered before the save raises (Django then drops the
+  callbacks after it, the instance's own among them) is not taken for a
+  rollback: the next ``save()`` finds the published rows.
 - **Optimistic concurrency.** With ``outbox_version_field``, each save that
   publishes advances that field by the number of integration events and
-  stamps them ``aggregate_version`` ``stored + 1, + 2, ...``: two saves from
-  the same stale version clash on the outbox's unique
-  ``(aggregate_type, aggregate_id, aggregate_version)``, and the second
-  raises ``DuplicateAggregateVersion``.
+  stamps them ``aggregate_version`` ``stored + 1, + 2, ...``; every save,
+  with or without recorded events, updates the row only at the version the
+  instance holds: a stale one raises ``AggregateVersionConflict`` and writes
+  nothing.
 
 In-process handlers do not receive domain events: handlers are subscribers
 of the outbox, which holds integration events only. A domain event meant for
@@ -48,15 +52,19 @@ this service's own handlers gets a translator like any other.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
 from .events import Event
+from .exceptions import AggregateVersionConflict
+from .models import OutboxEvent
 from .publishing import publish
 
 _translators: list[tuple[type, Callable[[Any, Any], Any]]] = []
@@ -136,24 +144,43 @@ class RecordsEvents:
         return list(self.__dict__.get("_recorded", []))
 
     def save(self, *args, **kwargs):
+        """Django's ``save()``; with recorded events, in one transaction with
+        the publish of their translations.
+
+        Raises:
+            AggregateVersionConflict: a versioned aggregate's row was saved
+                at another version since this instance was loaded; nothing
+                was written, the instance is as it was.
+            DuplicateAggregateVersion, InvalidEvent: as ``publish()``.
+        """
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         self._requeue_rolled_back(using)
         recorded = self.__dict__.get("_recorded", [])
+        before = self._version()
         if not recorded:
-            return super().save(*args, **kwargs)
+            with self._saving_from(before):
+                return super().save(*args, **kwargs)
         with transaction.atomic(using=using):
-            integration = [e for d in recorded for e in translate(d, self)]
-            before = self._version()
-            version = self._advance_version(len(integration))
-            result = super().save(*args, **kwargs)
-            if integration:
-                publish(
-                    *integration,
-                    aggregate=self,
-                    aggregate_version=version,
-                    using=using,
+            try:
+                integration = [e for d in recorded for e in translate(d, self)]
+                version = self._advance_version(len(integration))
+                with self._saving_from(before):
+                    result = super().save(*args, **self._with_version(kwargs))
+                rows = (
+                    publish(
+                        *integration,
+                        aggregate=self,
+                        aggregate_version=version,
+                        using=using,
+                    )
+                    if integration
+                    else []
                 )
-            self._drained(recorded, using, before)
+            except BaseException:
+                if self.outbox_version_field is not None:
+                    setattr(self, self.outbox_version_field, before)
+                raise
+            self._drained(recorded, using, before, rows[0].id if rows else None)
         return result
 
     def _version(self) -> int | None:
@@ -170,14 +197,65 @@ class RecordsEvents:
         setattr(self, name, current + count)
         return current + 1
 
-    def _drained(self, events: list, using: str, version: int | None) -> None:
+    def _with_version(self, kwargs: dict) -> dict:
+        """``save()``'s arguments, the version field added to ``update_fields``
+        (a save that publishes writes the version it advanced to)."""
+        name = self.outbox_version_field
+        fields = kwargs.get("update_fields")
+        if name is None or fields is None or name in fields:
+            return kwargs
+        return {**kwargs, "update_fields": [*fields, name]}
+
+    @contextlib.contextmanager
+    def _saving_from(self, version: int | None) -> Iterator[None]:
+        """While the block saves, the UPDATE of a versioned aggregate matches
+        its row only at ``version``, the one this instance was loaded (or
+        last saved) at (:meth:`_do_update`)."""
+        if self.outbox_version_field is None or self._state.adding:
+            yield
+            return
+        self.__dict__["_saving_from"] = version
+        try:
+            yield
+        finally:
+            del self.__dict__["_saving_from"]
+
+    def _do_update(self, base_qs, using, pk_val, values, *args, **kwargs):
+        """Django's UPDATE of a save, optimistically locked on a versioned
+        aggregate: it writes only a row still at the version this instance
+        holds.
+
+        Raises:
+            AggregateVersionConflict: the row exists at another version (a
+                stale instance); nothing was written.
+        """
+        expected = self.__dict__.get("_saving_from", _NOT_SAVING)
+        name = self.outbox_version_field
+        if expected is _NOT_SAVING or not any(
+            f.attname == name for f in base_qs.model._meta.local_concrete_fields
+        ):
+            return super()._do_update(base_qs, using, pk_val, values, *args, **kwargs)
+        locked = base_qs.filter(**{name: expected})
+        updated = super()._do_update(locked, using, pk_val, values, *args, **kwargs)
+        if not updated and base_qs.filter(pk=pk_val).exists():
+            raise AggregateVersionConflict(
+                f"{self._meta.label} {pk_val} was saved at another version since "
+                f"this instance was loaded at version {expected}: nothing was "
+                "written; reload it, apply the change again and save"
+            )
+        return updated
+
+    def _drained(
+        self, events: list, using: str, version: int | None, row: uuid.UUID | None
+    ) -> None:
         """Move ``events`` out of the recorded list until the transaction
         commits (then they are gone) or rolls back (then the next save puts
-        them back, and the version field as it was: :meth:`_requeue_rolled_back`)."""
+        them back, and the version field as it was: :meth:`_requeue_rolled_back`).
+        ``row``: the id of the first event published for them, if any."""
         del self.__dict__["_recorded"]
         pending = self.__dict__.setdefault("_draining", [])
         marker = functools.partial(self._committed, events)
-        pending.append((using, marker, events, version))
+        pending.append((using, marker, events, version, row))
         transaction.on_commit(marker, using=using)
 
     def _committed(self, events: list) -> None:
@@ -186,7 +264,16 @@ class RecordsEvents:
 
     def _requeue_rolled_back(self, using: str) -> None:
         """Drained events whose transaction rolled back (their on-commit
-        marker is no longer pending) go back to the front of the record."""
+        marker is no longer pending, and their rows do not exist) go back to
+        the front of the record.
+
+        A marker that did not run is usually a rollback, but Django also
+        drops every on-commit callback after one that raises: then the
+        transaction committed and the published rows exist (one query, in
+        these two cases only). Events that published nothing cannot be told
+        apart: they go back, and translating them again publishes nothing
+        again.
+        """
         pending = self.__dict__.get("_draining")
         if not pending:
             return
@@ -196,7 +283,21 @@ class RecordsEvents:
         if not lost:
             return
         pending[:] = [p for p in pending if p not in lost]
-        back = [e for _, _, events, _ in lost for e in events]
+        rows = [p[4] for p in lost if p[4] is not None]
+        committed = set(
+            OutboxEvent.objects.using(using)
+            .filter(id__in=rows)
+            .values_list("id", flat=True)
+            if rows
+            else ()
+        )
+        lost = [p for p in lost if p[4] not in committed]
+        if not lost:
+            return
+        back = [e for _, _, events, _, _ in lost for e in events]
         self.__dict__["_recorded"] = back + self.__dict__.get("_recorded", [])
         if self.outbox_version_field is not None:
             setattr(self, self.outbox_version_field, lost[0][3])
+
+
+_NOT_SAVING: Any = object()

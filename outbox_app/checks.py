@@ -12,7 +12,14 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import DEFAULTS, RULES, outbox_settings, positive_number, valid_publishers
+from .conf import (
+    DEFAULTS,
+    RULES,
+    mask_url,
+    outbox_settings,
+    positive_number,
+    valid_publishers,
+)
 
 
 @checks.register("outbox")
@@ -24,7 +31,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         if not valid(value):
             messages.append(
                 checks.Error(
-                    f"OUTBOX_{name} is {value!r}; it must be {expected}.",
+                    f"OUTBOX_{name} is {mask_url(repr(value))}; it must be {expected}.",
                     hint=f"Fix or remove OUTBOX_{name} (default: "
                     f"{DEFAULTS[name].default!r}). See docs/settings.md.",
                     id=check_id,
@@ -95,7 +102,7 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             except ImproperlyConfigured as exc:
                 messages.append(
                     checks.Error(
-                        str(exc),
+                        mask_url(str(exc)),
                         hint="Check BACKEND and the options in docs/brokers.md.",
                         id="outbox.E015",
                     )
@@ -103,7 +110,7 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 continue
             messages.extend(
                 checks.Warning(
-                    f"publisher {name!r}: {warning}",
+                    f"publisher {name!r}: {mask_url(warning)}",
                     hint="See the publisher's options in docs/brokers.md.",
                     id="outbox.W005",
                 )

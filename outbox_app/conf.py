@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -206,10 +207,46 @@ class OutboxSettings:
         if rule is not None and not rule[1](value):
             check_id, _, expected = rule
             raise ImproperlyConfigured(
-                f"OUTBOX_{name} is {value!r}; it must be {expected} ({check_id}; "
+                f"OUTBOX_{name} is {mask_url(repr(value))}; it must be {expected} "
+                f"({check_id}; "
                 "`python manage.py check` lists every malformed setting)."
             )
         return value
 
 
 outbox_settings = OutboxSettings()
+
+
+#: A URL's userinfo anywhere in a text: ``scheme://``, a user, and a password
+#: running to the last ``@`` before a blank (a password may hold ``/`` or
+#: ``@``), or a token alone.
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:@/]*)(?P<password>:\S*)?@"
+)
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the secret of every URL in it masked, for every message,
+    log line and page that shows a URL: ``amqp://user:s3cret@host//`` becomes
+    ``amqp://user:**@host//``, a token (``nats://t0ken@host``) ``nats://**@host``.
+
+    By pattern, not by parsing: a URL no parser takes (a port that is not a
+    number, an unclosed ``[``, a password holding ``/``) is masked too, and
+    so is every URL inside a longer text (an exception's message, a
+    setting's repr). A text that is one word without ``://`` but with an
+    ``@`` is one URL without a scheme (kombu reads ``user:pass@host`` as a
+    host name): its part before the last ``@`` is masked.
+    """
+    if "://" not in text:
+        if "@" not in text or len(text.split()) != 1:
+            return text
+        userinfo, _, host = text.rpartition("@")
+        return f"{_hidden(userinfo)}@{host}"
+    return _USERINFO.sub(
+        lambda m: f"{m['scheme']}{_hidden(m['user'] + (m['password'] or ''))}@", text
+    )
+
+
+def _hidden(userinfo: str) -> str:
+    user, colon, _ = userinfo.partition(":")
+    return f"{user}:**" if colon else "**"

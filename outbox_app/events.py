@@ -41,6 +41,7 @@ from django.utils.dateparse import (
 from .exceptions import (
     DuplicateEventType,
     EventDecodeError,
+    InvalidEvent,
     InvalidEventType,
     InvalidPayload,
     PayloadTooLarge,
@@ -100,17 +101,35 @@ def validate_event_type(event_type: object) -> str:
         raise InvalidEventType(
             f"event_type must be a non-empty string, got {event_type!r}"
         )
-    if "\x00" in event_type or not _encodable(event_type):
-        raise InvalidEventType(
-            f"event_type must be text without NUL characters or lone surrogates, "
-            f"got {event_type!a}"
+    return storable(event_type, "event_type", MAX_EVENT_TYPE_LENGTH, InvalidEventType)
+
+
+def storable(
+    text: str, what: str, max_length: int, error: type[InvalidEvent] = InvalidEvent
+) -> str:
+    """Return ``text`` if every database stores it unchanged in a column of
+    ``max_length`` characters: the one check of every short text an outbox
+    row holds (event type, aggregate type and id, tenant, operation, action
+    name). About 0.1 microsecond for ASCII text.
+
+    Raises:
+        error (InvalidEvent): a NUL character (PostgreSQL refuses it, MariaDB
+            and SQLite would keep it), a lone surrogate (not Unicode text: no
+            driver encodes it), or more than ``max_length`` characters
+            (PostgreSQL and MariaDB refuse it, SQLite would keep it); the
+            message names ``what``.
+    """
+    if "\x00" in text or not (text.isascii() or _encodable(text)):
+        raise error(
+            f"{what} must be text without NUL characters or lone surrogates, "
+            f"got {text!a}; nothing was written"
         )
-    if len(event_type) > MAX_EVENT_TYPE_LENGTH:
-        raise InvalidEventType(
-            f"event_type is {len(event_type)} characters long; the limit is "
-            f"{MAX_EVENT_TYPE_LENGTH}: {event_type[:40]!r}..."
+    if len(text) > max_length:
+        raise error(
+            f"{what} is {len(text)} characters long; the limit is {max_length}: "
+            f"{text[:40]!a}...; nothing was written"
         )
-    return event_type
+    return text
 
 
 def _encodable(text: str) -> bool:
@@ -286,9 +305,12 @@ def to_json(
     try:
         size = len(text.encode())
     except UnicodeEncodeError as exc:
+        field = _field_holding(json.loads(text), _unencodable)
         raise InvalidPayload(
-            f"{label} holds a lone surrogate ({text[exc.start : exc.end]!a}), which "
-            "is not Unicode text and cannot be stored or sent as UTF-8 JSON"
+            f"{label}.{_shown(field)} holds a lone surrogate "
+            f"({text[exc.start : exc.end]!a}), which is not Unicode text and cannot "
+            "be stored or sent as UTF-8 JSON",
+            field=field,
         ) from exc
     if size > max_bytes:
         raise PayloadTooLarge(
@@ -304,14 +326,14 @@ def to_json(
     if deep and _depth(decoded) > MAX_JSON_DEPTH:
         raise too_deep
     # JSON escapes NUL as \u0000: only then look for the field holding it.
-    for key, value in decoded.items() if "\\u0000" in text else ():
-        if _has_nul(key) or _has_nul(value):
-            # PostgreSQL's jsonb refuses NUL characters; refuse them everywhere.
-            raise InvalidPayload(
-                f"{label}.{key} contains a NUL character, which JSON columns "
-                "cannot store",
-                field=str(key),
-            )
+    field = _field_holding(decoded, _has_nul) if "\\u0000" in text else None
+    if field is not None:
+        # PostgreSQL's jsonb refuses NUL characters; refuse them everywhere.
+        raise InvalidPayload(
+            f"{label}.{_shown(field)} contains a NUL character, which JSON "
+            "columns cannot store",
+            field=field,
+        )
     return decoded, text
 
 
@@ -339,14 +361,46 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+def _field_holding(decoded: dict[str, Any], bad: Callable[[str], bool]) -> str | None:
+    """The first key of the JSON object ``decoded`` whose key, or any text
+    in whose value, is ``bad``."""
+    for key, value in decoded.items():
+        if _holds(key, bad) or _holds(value, bad):
+            return key
+    return None
+
+
+def _holds(value: Any, bad: Callable[[str], bool]) -> bool:
+    """Whether a text of the JSON value ``value`` (keys included) is ``bad``,
+    without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if bad(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
+
+
+def _shown(key: str | None) -> str:
+    """``key`` for a message: as it is, or escaped if it holds what a log
+    line should not (NUL, a lone surrogate, other control characters)."""
+    if key is None or (key.isprintable() and _encodable(key)):
+        return str(key)
+    return ascii(key)
+
+
+def _has_nul(text: str) -> bool:
+    return "\x00" in text
+
+
+def _unencodable(text: str) -> bool:
+    return not _encodable(text)
 
 
 def _offending_field(payload: Mapping[str, Any]) -> str | None:

@@ -40,6 +40,22 @@ class DuplicateAggregateVersion(OutboxError):
     """
 
 
+class AggregateVersionConflict(DuplicateAggregateVersion):
+    """A stale ``save()`` of a versioned aggregate (a
+    :class:`~outbox_app.RecordsEvents` model with ``outbox_version_field``):
+    its row was saved since this instance was loaded, at another version.
+
+    Optimistic locking: raised by every save of such a model whose stored
+    version is not the one the instance holds, with or without recorded
+    events, before anything is written (the save's UPDATE matched no row at
+    that version). The stored row, its version and the outbox are left as
+    they were, and so are the instance's fields and recorded events: reload
+    it (``refresh_from_db()`` or a new query), apply the change again and
+    save. A subclass of :class:`DuplicateAggregateVersion`, so code that
+    retries on that catches this too.
+    """
+
+
 class InvalidEvent(OutboxError, ValueError):
     """An event was refused before anything was written."""
 
@@ -144,10 +160,13 @@ class PublisherUnavailable(DeliveryError):
 
 class UndeliverableMessage(DeliveryError):
     """This message can never be sent as it is: it cannot be encoded (a routing
-    key over 255 bytes, a field the routing-key template needs is missing).
+    key, or an AMQP ``type`` or ``message_id``, over 255 UTF-8 bytes; a field
+    the routing-key template needs is missing), or it is larger than the
+    broker takes (RabbitMQ's ``max_message_size``, NATS's ``max_payload``).
 
     Retrying cannot help, so the notification expires at once with the
-    reason (an operator fixes the cause, then requeues it).
+    reason (an operator fixes the cause, then requeues it); the rest of its
+    batch is delivered and the publisher is not paused.
     """
 
 

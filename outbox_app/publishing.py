@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import tracing
 from .conf import outbox_settings
 from .db import PRIMARY_KEY, notify_relays, violated_constraint
-from .events import Event, encode, to_json, validate_event_type
+from .events import Event, encode, storable, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
     DuplicateOutboxEvent,
@@ -161,7 +161,10 @@ def publish(
         InvalidEventType, InvalidPayload, PayloadTooLarge, InvalidSchedule: bad
             input, checked before the INSERT. Nothing is written.
         InvalidEvent: an ``operation`` that is not a string of 1 to 32
-            characters. Nothing is written.
+            characters; an aggregate type or id, a ``tenant_id`` or an
+            ``operation`` holding a NUL character or a lone surrogate, or
+            longer than its column (150, 255, 255 characters): no database
+            stores them alike. Nothing is written.
         DuplicateAggregateVersion: the aggregate already has one of these versions.
         DuplicateOutboxEvent: an event id already exists.
         django.db.DatabaseError: any other database error, unchanged. As with any
@@ -172,12 +175,12 @@ def publish(
     _require_transaction(alias)
     extras = _schedule(deliver_at, expires_at)
     if operation is not None:
-        if not isinstance(operation, str) or not 0 < len(operation) <= 32:
+        if not isinstance(operation, str) or not operation:
             raise InvalidEvent(
                 f"operation must be a string of 1 to 32 characters, got "
                 f"{operation!r}; nothing was written"
             )
-        extras["operation"] = operation
+        extras["operation"] = storable(operation, "operation", 32)
     rows, texts = _rows(
         events, aggregate, aggregate_version, headers, tenant_id, extras
     )
@@ -307,13 +310,23 @@ def _aggregate_key(aggregate: Aggregate) -> tuple[str | None, str | None]:
             raise InvalidEvent(
                 f"aggregate {aggregate!r} has no primary key yet: save it first"
             )
-        return aggregate._meta.label, str(aggregate.pk)
-    if isinstance(aggregate, tuple) and len(aggregate) == 2:
-        return str(aggregate[0]), str(aggregate[1])
-    raise InvalidEvent(
-        "aggregate must be a model instance or an (aggregate_type, aggregate_id) "
-        f"pair, got {aggregate!r}"
+        key = aggregate._meta.label, str(aggregate.pk)
+    elif isinstance(aggregate, tuple) and len(aggregate) == 2:
+        key = str(aggregate[0]), str(aggregate[1])
+    else:
+        raise InvalidEvent(
+            "aggregate must be a model instance or an (aggregate_type, "
+            f"aggregate_id) pair, got {aggregate!r}"
+        )
+    return (
+        storable(key[0], "aggregate_type", _AGGREGATE_TYPE_LENGTH),
+        storable(key[1], "aggregate_id", _AGGREGATE_ID_LENGTH),
     )
+
+
+_AGGREGATE_TYPE_LENGTH = OutboxEvent._meta.get_field("aggregate_type").max_length
+_AGGREGATE_ID_LENGTH = OutboxEvent._meta.get_field("aggregate_id").max_length
+_TENANT_LENGTH = OutboxEvent._meta.get_field("tenant_id").max_length
 
 
 def _schedule(deliver_at, expires_at) -> dict[str, datetime.datetime | None]:
@@ -360,6 +373,8 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     """The rows of one publish() and, by ``id()`` of each JSON value, the JSON
     text that stores it (encoded once, when it was validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
+    if isinstance(tenant_id, str):
+        storable(tenant_id, "tenant_id", _TENANT_LENGTH)
     max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
     if headers is not None and not isinstance(headers, Mapping):
         raise InvalidPayload(

@@ -28,7 +28,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from .conf import outbox_settings
+from .conf import mask_url, outbox_settings
 from .db import single_relay_guard
 from .exceptions import RelayAlreadyRunning
 from .registry import handlers, publishers
@@ -285,7 +285,7 @@ class Waker:
                     "outbox wake-up not sent (%s: %s); the beat schedule delivers "
                     "the events. Logged once until a wake-up is sent again.",
                     type(exc).__name__,
-                    exc,
+                    mask_url(str(exc)),
                 )
             return
         if self._failing:

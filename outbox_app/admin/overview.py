@@ -18,6 +18,7 @@ from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
 from .. import status
+from ..conf import mask_url
 from ..exceptions import OutboxError
 from ..models import Notification, OutboxOverview
 from ..states import InboxState, State
@@ -88,7 +89,7 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
         try:
             data = status.overview()
         except (OutboxError, ImproperlyConfigured) as exc:
-            self.message_user(request, str(exc), messages.ERROR)
+            self.message_user(request, mask_url(str(exc)), messages.ERROR)
             data = None
         hours = data and chart_hours(
             data["deliveries"]["per_minute"], request.GET.get("hours")

@@ -40,7 +40,7 @@ from django.db import DatabaseError
 
 from .. import tracing
 from ..backoff import backoff_ceiling
-from ..conf import outbox_settings
+from ..conf import mask_url, outbox_settings
 from ..exceptions import DeliveryError, PublisherUnavailable
 from ..metrics import relay_metrics
 from ..publishers.base import Publisher
@@ -265,13 +265,14 @@ class Pauses:
         with self._lock:
             pause = self._paused.get(publisher.name)
             first = pause is None
+            reason = mask_url(str(error))
             if first:
-                pause = Pause(since=now, resume_at=now, probes=0, reason=str(error))
+                pause = Pause(since=now, resume_at=now, probes=0, reason=reason)
                 self._paused[publisher.name] = pause
                 relay_metrics.paused(publisher.name, True)
             else:
                 pause.probes += 1
-                pause.reason = str(error)
+                pause.reason = reason
             pause.resume_at = now + datetime.timedelta(
                 seconds=probe_delay(pause.probes, rng)
             )
@@ -281,7 +282,7 @@ class Pauses:
                 "counted while it is down; probing again within %.0f s): %s",
                 publisher.name,
                 outbox_settings.PAUSE_MAX_SECONDS,
-                error,
+                reason,
                 extra={"subscriber": publisher.name},
             )
         _save(using, publisher.name, pause, None)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, connections, router
 from kombu import Connection, Exchange, Queue, binding
 
-from ..conf import outbox_settings
+from ..conf import mask_url, outbox_settings
 from ..models import InboxMessage
 from .receive import Tally, receive_batch, retry_due
 from .registry import Consumer
@@ -123,7 +123,7 @@ class ConsumeWorker:
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** (failures - 1))
                 logger.error(
                     "consume: broker unreachable (%s), reconnecting in %.1f s",
-                    exc,
+                    mask_url(str(exc)),
                     delay,
                 )
                 self.stop.wait(delay)
@@ -147,7 +147,7 @@ class ConsumeWorker:
         logger.info(
             "consume ready: queues %s on %s, prefetch %d, consumers %s",
             ", ".join(self.by_queue),
-            self.url.split("@")[-1],
+            mask_url(self.url),
             self.prefetch,
             ", ".join(c.name for c in self.consumers),
         )

@@ -21,20 +21,26 @@ from __future__ import annotations
 import contextlib
 import datetime
 import math
+import re
+import struct
 import time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import amqp
+import amqp.exceptions
+import kombu.exceptions
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import pyamqp
 
+from ..conf import mask_url
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
     MessageUnroutable,
     PublisherUnavailable,
+    UndeliverableMessage,
 )
 from ..subscribers import DeliveryContext
 from . import cloudevents
@@ -46,6 +52,7 @@ from .base import (
     failure,
     render,
     template_fields,
+    undeliverable,
 )
 from .cloudevents import CONTENT_TYPE
 
@@ -62,6 +69,21 @@ OWN_OPTIONS = {
     "CONNECT_RETRIES",
 }
 MAX_ROUTING_KEY_BYTES = 255  # an AMQP shortstr
+#: The longest AMQP short string (the ``type`` and ``message_id``
+#: properties), in UTF-8 bytes.
+MAX_SHORTSTR_BYTES = 255
+#: Errors of encoding one message: raised before any of it is written (py-amqp
+#: raises ``struct.error`` for a short string over 255 bytes), so they are
+#: about the message, never the connection.
+ENCODING_ERRORS = (
+    struct.error,
+    ValueError,
+    amqp.exceptions.FrameSyntaxError,
+    kombu.exceptions.EncodeError,
+)
+#: RabbitMQ's reason for closing the channel of a message over its
+#: ``max_message_size`` (406 PRECONDITION_FAILED).
+_TOO_LARGE = re.compile(r"larger than configured max size (\d+)")
 
 _PENDING: Any = object()
 
@@ -111,11 +133,19 @@ class KombuPublisher(Publisher):
     (``basic.return``) and fails as unroutable. A message is reported
     delivered only after the broker's ``basic.ack``. A ``basic.nack`` or a
     return fails it with a :class:`~outbox_app.exceptions.DeliveryError` (an
-    attempt, retried with backoff); a message that cannot be encoded with
-    :class:`~outbox_app.exceptions.UndeliverableMessage` (it expires at once);
-    a connection that cannot be opened or is lost, or the confirm timeout,
-    with :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay
-    pauses the publisher and counts no attempt). After a connection error or
+    attempt, retried with backoff). A message the broker can never take
+    fails alone with :class:`~outbox_app.exceptions.UndeliverableMessage` (it
+    expires at once; the rest of the batch is delivered): one that cannot be
+    encoded (on AMQP a routing key, ``type`` or ``message_id`` over 255 UTF-8
+    bytes), or a body over RabbitMQ's ``max_message_size`` (RabbitMQ closes
+    the channel: the publisher learns the limit from its reason, sends the
+    other unconfirmed messages again at once on a new connection, and
+    refuses larger bodies itself from then on). On other transports an error
+    that is not about the connection fails that message alone, as an
+    attempt. A connection that cannot be opened or is lost, or the confirm
+    timeout, fails the messages with
+    :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay pauses
+    the publisher and counts no attempt). After a connection error or
     timeout the connection is dropped; the next batch, or :meth:`probe`,
     reconnects.
 
@@ -166,20 +196,19 @@ class KombuPublisher(Publisher):
             raise config_error(name, f"'CONNECT_RETRIES' must be >= 0, got {retries!r}")
 
         self.url = url
+        self.where = mask_url(url)  # for messages and logs
         try:
-            probe = Connection(url)
-            transport = probe.transport
+            transport = Connection(url).transport
         except ImportError as exc:  # e.g. redis:// without the redis library
             raise config_error(
-                name, f"'URL' {url!r} needs a missing library: {exc}"
+                name, f"'URL' {self.where!r} needs a missing library: {exc}"
             ) from exc
         except Exception as exc:
             raise config_error(
-                name, f"'URL' {url!r} is not a kombu URL: {exc}"
+                name, f"'URL' {self.where!r} is not a kombu URL: {mask_url(str(exc))}"
             ) from exc
         #: RabbitMQ through py-amqp: publisher confirms and mandatory publishing.
         self.amqp = isinstance(transport, pyamqp.Transport)
-        self.where = probe.as_uri()  # for messages; the password masked
         self.exchange = Exchange(exchange, type=exchange_type, durable=True)
         self.routing_key = options.get("ROUTING_KEY", DEFAULT_ROUTING_KEY)
         self._key_fields = template_fields(name, "ROUTING_KEY", self.routing_key)
@@ -195,6 +224,13 @@ class KombuPublisher(Publisher):
         self._raw: amqp.Connection | None = None  # AMQP: py-amqp's connection
         self._channel: Any = None  # a py-amqp channel (AMQP) or kombu Producer
         self._next_tag = 1  # delivery tag of the next publish on the channel
+        #: Largest body the broker takes, in bytes: learned when RabbitMQ
+        #: refused a larger one (None: not known).
+        self.max_body: int | None = None
+        #: The connection RabbitMQ closed a channel of for a message over
+        #: ``max_body``, and its reason: batches written on it are sent again.
+        self._refused: Any = None
+        self._refusal = ""
 
     # --- the interface --------------------------------------------------------
 
@@ -208,17 +244,18 @@ class KombuPublisher(Publisher):
     def send(self, messages: Sequence[DeliveryContext]) -> _InFlight:
         """Publish ``messages`` without waiting for their confirms.
 
-        Messages that cannot be encoded (a routing key over 255 bytes, a field
-        the template needs is missing) fail alone, with
+        Messages that cannot be encoded (a routing key, ``type`` or
+        ``message_id`` over 255 bytes, a field the template needs is
+        missing, a body over the broker's known limit) fail alone, with
         :class:`~outbox_app.exceptions.UndeliverableMessage`; the rest of the
         batch is published. A connection that cannot be opened or breaks fails
         the messages with
         :class:`~outbox_app.exceptions.PublisherUnavailable`.
         """
-        # (index, body, routing key, message id, event type)
+        # (index, body, routing key, message id, event type, ttl)
         ready, refused = encode_each(messages, self._encode)
         outcomes = [refused.get(i, _PENDING) for i in range(len(messages))]
-        flight = _InFlight(outcomes, [r[0] for r in ready])
+        flight = _InFlight(outcomes, [r[0] for r in ready], messages)
         if not ready:
             return flight
         try:
@@ -243,6 +280,8 @@ class KombuPublisher(Publisher):
                 self._await(sent)
             finally:
                 self._forget(confirms)
+            if sent.refused:
+                self._send_again(sent)
             sent.settle(confirms.outcomes)
         return sent.outcomes
 
@@ -279,7 +318,17 @@ class KombuPublisher(Publisher):
         key = render(self.routing_key, self._key_fields, context)
         if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
             raise ValueError(f"routing key longer than 255 bytes: {key[:60]!r}...")
-        return body, key, str(context.event_id), context.event_type, _ttl(context)
+        message_id, event_type = str(context.event_id), context.event_type
+        if self.amqp:
+            _shortstr("message_id", message_id)
+            _shortstr("type", event_type)
+        if self.max_body is not None and len(body) > self.max_body:
+            raise ValueError(
+                f"the message is {len(body)} bytes; the broker takes at most "
+                f"{self.max_body} (its max_message_size: it refused a larger "
+                f"one, {self._refusal})"
+            )
+        return body, key, message_id, event_type, _ttl(context)
 
     # --- connection -----------------------------------------------------------
 
@@ -333,7 +382,8 @@ class KombuPublisher(Publisher):
             self._raw.drain_events(timeout=0)
         except TimeoutError:
             return True  # nothing to read: the usual case
-        except Exception:
+        except Exception as exc:
+            self._too_large(exc)
             return False
         return self._raw.connected
 
@@ -353,6 +403,7 @@ class KombuPublisher(Publisher):
     def _send_plain(self, ready: list) -> list[BaseException | None]:
         """Publish with kombu's Producer: a transport without confirms."""
         producer: Producer = self._channel
+        lost = (OSError, *self._connection.connection_errors)
         outcomes: list[BaseException | None] = []
         for _, body, key, message_id, event_type, ttl in ready:
             try:
@@ -366,52 +417,93 @@ class KombuPublisher(Publisher):
                     type=event_type,
                     **({} if ttl is None else {"expiration": ttl / 1000}),
                 )
-            except Exception as exc:
+            except ENCODING_ERRORS as exc:
+                outcomes.append(undeliverable(exc))
+                continue
+            except lost as exc:  # the connection: every message waits for it
                 self._drop()
                 error = failure(
                     PublisherUnavailable, f"publish to {self.where} failed: {exc}", exc
                 )
                 return outcomes + [error] * (len(ready) - len(outcomes))
+            except Exception as exc:  # about this message: an attempt
+                outcomes.append(
+                    failure(
+                        DeliveryError,
+                        f"{self.where} refused the message: "
+                        f"{type(exc).__name__}: {exc}",
+                        exc,
+                    )
+                )
+                continue
             outcomes.append(None)
         return outcomes
 
     def _publish_confirmed(self, ready: list, flight: _InFlight) -> None:
         """Write the batch on the confirm-mode channel; its confirms are read
-        by :meth:`_await` (this batch's, or a later one's)."""
+        by :meth:`_await` (this batch's, or a later one's). A message py-amqp
+        cannot encode fails alone."""
         channel = self._channel
         raw = self._raw
-        confirms = _Confirms(self._next_tag, [r[3] for r in ready])
-        channel.events["basic_ack"].add(confirms.on_ack)
-        channel.events["basic_nack"].add(confirms.on_nack)
-        channel.events["basic_return"].add(confirms.on_return)
-        flight.confirms, flight.connection = confirms, raw
-        flight.deadline = time.monotonic() + self.confirm_timeout
         transport = raw.transport
         frames = bytearray()
+        written = []
+        # The batch's frames are gathered in memory and written with one
+        # system call: py-amqp writes each message on its own.
+        transport._write, direct = frames.extend, transport._write
         try:
-            # The batch's frames are gathered in memory and written with one
-            # system call: py-amqp writes each message on its own.
-            transport._write, direct = frames.extend, transport._write
-            try:
-                for _, body, key, message_id, event_type, ttl in ready:
-                    message = amqp.Message(
-                        body,
-                        content_type=CONTENT_TYPE,
-                        content_encoding="utf-8",
-                        delivery_mode=2,
-                        message_id=message_id,
-                        type=event_type,
-                        **({} if ttl is None else {"expiration": str(ttl)}),
-                    )
+            for entry in ready:
+                index, body, key, message_id, event_type, ttl = entry
+                message = amqp.Message(
+                    body,
+                    content_type=CONTENT_TYPE,
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    message_id=message_id,
+                    type=event_type,
+                    **({} if ttl is None else {"expiration": str(ttl)}),
+                )
+                mark = len(frames)
+                try:
                     channel.basic_publish(
                         message,
                         exchange=self.exchange.name,
                         routing_key=key,
                         mandatory=True,
                     )
-                    self._next_tag += 1
-            finally:
-                transport._write = direct
+                except ENCODING_ERRORS as exc:
+                    del frames[mark:]  # py-amqp raises before it writes; if not
+                    flight.outcomes[index] = undeliverable(exc)
+                else:
+                    written.append(entry)
+        except Exception as exc:
+            # Nothing reached the socket: the channel itself is unusable.
+            self._drop()
+            error = failure(
+                PublisherUnavailable, f"publish to {self.where} failed: {exc}", exc
+            )
+            flight.settle_pending(error)
+            return
+        except BaseException:
+            self._drop()
+            raise
+        finally:
+            transport._write = direct
+        flight.indexes = [entry[0] for entry in written]
+        if not written:
+            return
+        confirms = _Confirms(
+            self._next_tag,
+            [entry[3] for entry in written],
+            [len(entry[1]) for entry in written],
+        )
+        self._next_tag += len(written)
+        channel.events["basic_ack"].add(confirms.on_ack)
+        channel.events["basic_nack"].add(confirms.on_nack)
+        channel.events["basic_return"].add(confirms.on_return)
+        flight.confirms, flight.connection = confirms, raw
+        flight.deadline = time.monotonic() + self.confirm_timeout
+        try:
             with transport.having_timeout(self.confirm_timeout):
                 transport.write(frames)
         except Exception as exc:
@@ -428,8 +520,12 @@ class KombuPublisher(Publisher):
         while confirms.waiting:
             if flight.connection is not self._raw:
                 # Dropped after this batch was written (a later batch lost the
-                # connection): its confirms will never come.
-                confirms.fail_waiting(self._lost(None))
+                # connection, or found a message too large): its confirms
+                # will never come.
+                if flight.connection is self._refused:
+                    flight.refused = True
+                else:
+                    confirms.fail_waiting(self._lost(None))
                 return
             remaining = flight.deadline - time.monotonic()
             if remaining <= 0:
@@ -447,12 +543,59 @@ class KombuPublisher(Publisher):
                 with contextlib.suppress(TimeoutError):  # loop: check the deadline
                     self._raw.drain_events(timeout=remaining)
             except Exception as exc:
+                too_large = self._too_large(exc)
                 self._drop()
-                confirms.fail_waiting(self._lost(exc))
+                if too_large:
+                    flight.refused = True
+                else:
+                    confirms.fail_waiting(self._lost(exc))
                 return
             except BaseException:
                 self._drop()
                 raise
+
+    def _too_large(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is RabbitMQ closing the channel for a message over
+        its ``max_message_size``; if so the limit is learned (:attr:`max_body`)
+        and the batches written on this connection are to be sent again."""
+        found = (
+            _TOO_LARGE.search(str(exc))
+            if isinstance(exc, amqp.exceptions.PreconditionFailed)
+            else None
+        )
+        if found is None:
+            return False
+        limit = int(found[1])
+        self.max_body = limit if self.max_body is None else min(self.max_body, limit)
+        self._refused, self._refusal = self._raw, str(exc)
+        return True
+
+    def _send_again(self, flight: _InFlight) -> None:
+        """Settle what ``flight`` still waits for after RabbitMQ closed its
+        channel for a message too large: each message over the limit can
+        never be sent; the others (which the broker discarded with the
+        channel, or took without confirming) are sent again now, on a new
+        connection (at least once)."""
+        confirms = flight.confirms
+        again = []
+        for position, outcome in enumerate(confirms.outcomes):
+            if outcome is not _PENDING:
+                continue
+            size = confirms.sizes[position]
+            if position in confirms.returned:
+                confirms.outcomes[position] = confirms.returned[position]
+            elif size > self.max_body:
+                confirms.outcomes[position] = UndeliverableMessage(
+                    f"the message is {size} bytes; the broker closed the channel "
+                    f"for it: {self._refusal}"
+                )
+            else:
+                again.append(position)
+        confirms.waiting = 0
+        if again:
+            messages = [flight.messages[flight.indexes[p]] for p in again]
+            for position, result in zip(again, self.send_batch(messages), strict=True):
+                confirms.outcomes[position] = result
 
     def _lost(self, exc: BaseException | None) -> PublisherUnavailable:
         reason = f": {exc}" if exc is not None else ""
@@ -472,6 +615,22 @@ class KombuPublisher(Publisher):
         channel.events["basic_return"].discard(confirms.on_return)
 
 
+def _shortstr(name: str, value: str) -> None:
+    """Refuse ``value`` for the AMQP property ``name`` if it is over 255 UTF-8
+    bytes (a short string).
+
+    Raises:
+        ValueError: naming the property, its size and the limit.
+    """
+    if len(value) * 4 > MAX_SHORTSTR_BYTES:  # shorter text always fits
+        size = len(value.encode())
+        if size > MAX_SHORTSTR_BYTES:
+            raise ValueError(
+                f"the AMQP property {name!r} is {size} bytes (UTF-8); a short "
+                f"string holds at most {MAX_SHORTSTR_BYTES}: {value[:40]!r}..."
+            )
+
+
 def _ttl(context: DeliveryContext) -> int | None:
     """Milliseconds until ``context`` expires (0 if it has), None for an event
     that does not: the AMQP ``expiration`` property (RabbitMQ's per-message
@@ -486,12 +645,18 @@ class _InFlight:
     """One batch handed to :meth:`KombuPublisher.send`: its outcomes so far,
     and for AMQP the confirms still to come."""
 
-    def __init__(self, outcomes: list, indexes: list[int]):
+    def __init__(
+        self, outcomes: list, indexes: list[int], messages: Sequence[DeliveryContext]
+    ):
         self.outcomes = outcomes
         self.indexes = indexes  # positions of the messages that were published
+        self.messages = messages
         self.confirms: _Confirms | None = None
         self.connection: Any = None
         self.deadline = 0.0
+        #: RabbitMQ closed the channel for a message too large: what is not
+        #: confirmed is settled by :meth:`KombuPublisher._send_again`.
+        self.refused = False
 
     def settle(self, results: list[BaseException | None]) -> None:
         for index, result in zip(self.indexes, results, strict=True):
@@ -499,6 +664,11 @@ class _InFlight:
 
     def settle_all(self, error: BaseException) -> None:
         self.settle([error] * len(self.indexes))
+
+    def settle_pending(self, error: BaseException) -> None:
+        for index, outcome in enumerate(self.outcomes):
+            if outcome is _PENDING:
+                self.outcomes[index] = error
 
 
 class _Confirms:
@@ -511,8 +681,11 @@ class _Confirms:
     then is acked. RabbitMQ docs: https://www.rabbitmq.com/docs/confirms
     """
 
-    def __init__(self, first_tag: int, message_ids: list[str]):
+    def __init__(
+        self, first_tag: int, message_ids: list[str], sizes: list[int] | None = None
+    ):
         self.first = first_tag
+        self.sizes = sizes or [0] * len(message_ids)  # body bytes
         self.outcomes: list[BaseException | None] = [_PENDING] * len(message_ids)
         self.returned: dict[int, DeliveryError] = {}
         self.by_id: dict[str, deque[int]] = defaultdict(deque)

@@ -35,13 +35,13 @@ import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote
 
 import nats
 import nats.errors
 from nats.js.errors import NotFoundError
 
-from ..conf import outbox_settings, positive_number
+from ..conf import mask_url, outbox_settings, positive_number
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
@@ -148,8 +148,9 @@ class JetStreamPublisher(Publisher):
 
     Behaviour: each message is the event's CloudEvents JSON envelope
     (:func:`~outbox_app.publishers.cloudevents.body`) with the headers
-    ``Content-Type: application/cloudevents+json``, ``Nats-Msg-Id`` = the
-    event id and ``Nats-Expected-Stream`` = ``STREAM``. A message is reported
+    ``Content-Type: application/cloudevents+json``, ``Nats-Msg-Id`` =
+    ``<namespace>:<publisher name>:<event id>`` (:func:`message_id`) and
+    ``Nats-Expected-Stream`` = ``STREAM``. A message is reported
     delivered once its PubAck arrives, a duplicate's included (the stream
     holds it). A message JetStream refuses (a stream limit, say) fails with
     :class:`~outbox_app.exceptions.MessageRejected`; one whose subject no
@@ -187,7 +188,9 @@ class JetStreamPublisher(Publisher):
             and all(isinstance(s, str) and s for s in servers)
         ):
             raise config_error(
-                name, f"'URL' is required, e.g. 'nats://127.0.0.1:4222', got {url!r}"
+                name,
+                "'URL' is required, e.g. 'nats://127.0.0.1:4222', got "
+                + mask_url(repr(url)),
             )
         stream = options.get("STREAM")
         if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
@@ -217,7 +220,7 @@ class JetStreamPublisher(Publisher):
             )
 
         self.servers = list(servers)
-        self.where = ", ".join(map(_masked, self.servers))  # for messages
+        self.where = ", ".join(map(mask_url, self.servers))  # for messages
         self.stream = stream
         self.subject = options.get("SUBJECT", DEFAULT_SUBJECT)
         self._subject_fields = template_fields(name, "SUBJECT", self.subject)
@@ -321,7 +324,7 @@ class JetStreamPublisher(Publisher):
             )
         headers = {
             "Content-Type": cloudevents.CONTENT_TYPE,
-            MSG_ID: str(context.event_id),
+            MSG_ID: message_id(context.namespace, self.name, context.event_id),
             EXPECTED_STREAM: self.stream,
         }
         return subject, cloudevents.body(context), headers
@@ -639,6 +642,16 @@ class _Link:
                 future.set_result(error)
 
 
+def message_id(namespace: str, publisher: str, event_id: Any) -> str:
+    """The ``Nats-Msg-Id`` of an event: ``<namespace>:<publisher>:<event id>``,
+    ``%`` and ``:`` in the namespace and the publisher name percent-encoded
+    (so two pairs never spell the same id). Unique per project
+    (``OUTBOX_NAMESPACE``, the CloudEvents ``source``), publisher entry and
+    event: a stream drops a resend of the same publisher only."""
+    quoted = (quote(part, safe="") for part in (namespace, publisher))
+    return f"{':'.join(quoted)}:{event_id}"
+
+
 def _short_window(window: float | None) -> str | None:
     """Why a stream's duplicate window (seconds) is too short to drop a batch
     resent after a relay crashed between the PubAcks and marking its rows, or
@@ -671,14 +684,3 @@ def _stream_subjects(template: str) -> list[str] | None:
         return [template]  # a fixed subject
     prefix = literal.rpartition(".")[0]
     return [f"{prefix}.>"] if prefix else None
-
-
-def _masked(url: str) -> str:
-    """``url`` without its password (or token): for messages and logs."""
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    if not (parts.username or parts.password):
-        return url
-    secret = f"{parts.username}:**" if parts.password else "**"
-    host = parts.hostname or ""
-    netloc = f"{secret}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

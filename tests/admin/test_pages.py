@@ -277,6 +277,20 @@ def test_overview__shows_paused_publishers(admin_client):
     assert "connection refused &lt;b&gt;" in page  # escaped
 
 
+def test_overview__a_malformed_broker_url_shows_its_password_masked(
+    viewer_client, settings
+):
+    """View-only staff see the configuration error, not the password."""
+    settings.OUTBOX_PUBLISHERS = {
+        "rabbitmq": {"URL": "amqp://user:s3cret@host:notaport//"}
+    }
+    page = viewer_client.get(OVERVIEW, follow=True)
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "s3cret" not in text
+    assert "amqp://user:**@host:notaport//" in text
+
+
 def test_overview__counts_the_inbox_per_consumer_under_its_headers(admin_client):
     from outbox_app.models import InboxMessage
     from outbox_app.states import InboxState

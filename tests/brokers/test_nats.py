@@ -9,6 +9,7 @@ option tests need no server.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
@@ -49,7 +50,8 @@ def publisher(publishers, url, stream, **options) -> JetStreamPublisher:
 
 
 def event_ids(messages) -> list[str]:
-    return [m.headers["Nats-Msg-Id"] for m in messages]
+    """The event ids of stored messages (the CloudEvents ``id``)."""
+    return [json.loads(m.data)["id"] for m in messages]
 
 
 # --- options (no server) ---------------------------------------------------------
@@ -207,6 +209,43 @@ def test_a_batch_sent_again_is_acked_and_stored_once(
     assert jetstream.info(unique).state.messages == 23
 
 
+def test_two_publishers_into_one_stream_do_not_dedupe_each_other(
+    jetstream, nats_url, unique, publishers, settings
+):
+    """Two entries of one project, or two projects (namespaces), publishing
+    the same event ids into one stream: each stores its own copy; each drops
+    only its own resend. ``Nats-Msg-Id`` names the namespace, the entry and
+    the event."""
+    jetstream.create(unique, [f"{unique}.>"])
+    subject = unique + ".{event_type}"
+    first = publisher(publishers, nats_url, unique, SUBJECT=subject)
+    second = JetStreamPublisher(
+        "audit", {"URL": nats_url, "STREAM": unique, "SUBJECT": subject}
+    )
+    publishers.append(second)
+    sent = across_aggregates(3)
+    elsewhere = [dataclasses.replace(c, namespace="billing") for c in sent]
+
+    assert first.send_batch(sent) == [None] * 3
+    assert second.send_batch(sent) == [None] * 3
+    assert first.send_batch(elsewhere) == [None] * 3  # another project's
+    assert first.send_batch(sent) == [None] * 3  # a resend: dropped
+
+    stored = jetstream.messages(unique)
+    assert event_ids(stored) == [str(c.event_id) for c in sent] * 3
+    ids = [m.headers["Nats-Msg-Id"] for m in stored]
+    assert ids[:3] == [f"shop:bus:{c.event_id}" for c in sent]
+    assert ids[3:6] == [f"shop:audit:{c.event_id}" for c in sent]
+    assert ids[6:] == [f"billing:bus:{c.event_id}" for c in sent]
+
+
+def test_message_ids_escape_the_separator():
+    sender = JetStreamPublisher("a:b", {"URL": URL, "STREAM": "S"})
+    message = context(1, namespace="shop:x")
+    _, _, headers = sender._encode(message)
+    assert headers["Nats-Msg-Id"] == f"shop%3Ax:a%3Ab:{message.event_id}"
+
+
 def test_a_stream_whose_duplicate_window_is_short_is_logged_once(
     jetstream, nats_url, unique, publishers, settings, caplog
 ):
@@ -315,6 +354,24 @@ def test_messages_that_cannot_be_encoded_fail_alone(
     assert event_ids(jetstream.messages(unique)) == [
         str(sent[0].event_id),
         str(sent[3].event_id),
+    ]
+
+
+def test_a_message_over_the_servers_max_payload_fails_alone(
+    jetstream, nats_url, unique, publishers
+):
+    jetstream.create(unique, [f"{unique}.>"])
+    sender = publisher(publishers, nats_url, unique, SUBJECT=unique + ".x")
+    sent = across_aggregates(4)
+    sent[1] = context(1, payload={"blob": "x" * 1_048_576})  # max_payload: 1 MiB
+
+    outcomes = sender.send_batch(sent)
+
+    assert isinstance(outcomes[1], UndeliverableMessage), outcomes
+    assert "maximum payload exceeded" in str(outcomes[1]).lower(), outcomes[1]
+    assert outcomes[:1] + outcomes[2:] == [None] * 3
+    assert event_ids(jetstream.messages(unique)) == [
+        str(c.event_id) for c in sent[:1] + sent[2:]
     ]
 
 
@@ -473,7 +530,9 @@ def test_a_relay_process_stores_every_committed_event_once(jetstream, nats_url, 
     stored = jetstream.messages(unique)
     assert sorted(event_ids(stored)) == sorted(str(r.id) for r in rows)
     assert {m.subject for m in stored} == {f"{unique}.OrderPlaced"}
-    assert [json.loads(m.data)["id"] for m in stored] == event_ids(stored)
+    assert [m.headers["Nats-Msg-Id"] for m in stored] == [
+        f"tests:bus:{i}" for i in event_ids(stored)
+    ]
     assert set(Notification.objects.values_list("state", "attempts")) == {
         (State.SUCCEEDED, 1)
     }

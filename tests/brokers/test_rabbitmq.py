@@ -161,6 +161,67 @@ def test_messages_that_cannot_be_encoded_fail_alone(
     ]
 
 
+#: Bodies over this many bytes RabbitMQ never takes: its largest
+#: ``max_message_size`` default (128 MiB in 3.x; 16 MiB from 4.0).
+BROKER_LIMIT = 128 * 2**20
+
+
+def test_a_type_over_255_utf8_bytes_fails_alone_on_one_connection(
+    rabbitmq, unique, proxy, publishers
+):
+    """An event type of 200 characters is 400 UTF-8 bytes: more than the AMQP
+    ``type`` property (a short string) holds. That message can never be
+    sent; the rest of its batch and the next batch go out on the same
+    connection."""
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique, ROUTING_KEY="{aggregate_type}")
+    sent = across_aggregates(5)
+    sent[2] = context(2, event_type="é" * 200)
+
+    outcomes = sender.send_batch(sent)
+
+    assert isinstance(outcomes[2], UndeliverableMessage), outcomes
+    assert "'type' is 400 bytes" in str(outcomes[2])
+    assert outcomes[:2] + outcomes[3:] == [None] * 4
+    again = across_aggregates(3)
+    assert sender.send_batch(again) == [None] * 3
+    assert proxy.connections == 1
+    assert [body(m)["id"] for m in rabbitmq.drain(queue)] == [
+        str(c.event_id) for c in sent[:2] + sent[3:] + again
+    ]
+
+
+@pytest.mark.slow
+def test_a_body_over_the_brokers_limit_fails_alone(rabbitmq, unique, proxy, publishers):
+    """RabbitMQ closes the channel of a message over its ``max_message_size``
+    (406 PRECONDITION_FAILED): that message can never be sent, the others of
+    its batch (and of the batch sent after it) are sent again at once, and the
+    publisher refuses the next such body itself."""
+    queue = rabbitmq.bind(unique, unique, "#")
+    sender = proxied(publishers, proxy, unique)
+    big = context(1, payload={"blob": "x" * (BROKER_LIMIT + 1)})
+    first = [*across_aggregates(3), big, *across_aggregates(2)]
+    second = across_aggregates(4)
+
+    window = sender.send(first)
+    after = sender.send(second)  # the relay's confirm window: on the wire too
+    outcomes = sender.collect(window)
+
+    assert isinstance(outcomes[3], UndeliverableMessage), outcomes
+    assert "larger than" in str(outcomes[3]) and "max size" in str(outcomes[3])
+    assert outcomes[:3] + outcomes[4:] == [None] * 5
+    assert sender.collect(after) == [None] * 4
+    ids = [body(m)["id"] for m in rabbitmq.drain(queue)]
+    expected = [str(c.event_id) for c in first + second if c is not big]
+    assert sorted(set(ids)) == sorted(expected)  # the unconfirmed: maybe twice
+    # Learned: the next one is refused before it is sent.
+    connections = proxy.connections
+    outcomes = sender.send_batch([big, *across_aggregates(1)])
+    assert isinstance(outcomes[0], UndeliverableMessage) and outcomes[1] is None
+    assert "the broker takes at most" in str(outcomes[0])
+    assert proxy.connections == connections
+
+
 def test_successive_batches_reuse_one_connection(
     rabbitmq, rabbitmq_url, unique, proxy, publishers
 ):

@@ -101,6 +101,43 @@ def test_committed_events_reach_the_broker_in_aggregate_order(
     }
 
 
+@pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
+def test_a_message_the_broker_can_never_take_expires_alone_and_nothing_pauses(
+    request, broker_name, settings, unique
+):
+    """An event type of 200 two-byte characters overflows the AMQP ``type``
+    property (255 bytes): on RabbitMQ that row is EXPIRED after one attempt
+    with the reason, the others are delivered, the publisher never pauses.
+    Redis has no such limit: every row is delivered."""
+    broker = request.getfixturevalue(broker_name)
+    queue = broker.bind(f"{unique}-q", unique)
+    configure(settings, broker.url, unique, ROUTING_KEY="{aggregate_type}")
+    with transaction.atomic():
+        rows = publish_across_aggregates(4)
+        [odd] = publish(
+            {"event_type": "é" * 200, "payload": {}}, aggregate=AGGREGATES[0]
+        )
+        rows += publish_across_aggregates(2)
+    report = relay_once(kind="publisher")
+    delivered = broker.drain(queue)
+    assert not SubscriberPause.objects.exists()  # never paused
+    notification = Notification.objects.get(event_id=odd.id)
+    if broker.amqp:
+        assert (report.succeeded, report.expired, report.released) == (6, 1, 0)
+        assert (notification.state, notification.attempts) == (State.EXPIRED, 1)
+        assert "'type' is 400 bytes" in notification.last_error
+        assert notification.last_error_type == (
+            "outbox_app.exceptions.UndeliverableMessage"
+        )
+    else:
+        assert (report.succeeded, report.expired) == (7, 0)
+        assert notification.state == State.SUCCEEDED
+        rows.append(odd)
+    assert sorted(m.properties["message_id"] for m in delivered) == sorted(
+        str(r.id) for r in rows
+    )
+
+
 def test_broker_outage__paused_no_attempt_spent_then_delivered(
     rabbitmq, proxy, settings, unique, caplog
 ):

@@ -398,6 +398,84 @@ def test_publish__nul_characters_are_refused_before_the_insert():
     assert OutboxEvent.objects.get().payload == {"path": "C:\\u0000"}
 
 
+NUL, SURROGATE = "a\x00b", "a\udcffb"
+
+
+@pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        lambda bad: {"aggregate": (bad, "1")},
+        lambda bad: {"aggregate": ("shop.Order", bad)},
+        lambda bad: {"tenant_id": bad},
+        lambda bad: {"operation": bad},
+        lambda bad: {"event": {"event_type": bad, "payload": {}}},
+    ],
+    ids=["aggregate-type", "aggregate-id", "tenant", "operation", "event-type"],
+)
+def test_unstorable_text_is_refused_before_the_insert_on_every_database(arguments, bad):
+    """No database stores NUL alike (PostgreSQL refuses it, MariaDB and SQLite
+    keep it), and a lone surrogate is not text any driver encodes: refused as
+    bad input everywhere, nothing written."""
+    given = arguments(bad)
+    event = given.pop("event", {"event_type": "Untyped", "payload": {}})
+    with transaction.atomic():
+        with pytest.raises(InvalidEvent) as info:
+            publish(event, **given)
+        publish({"event_type": "Untyped", "payload": {}})  # the transaction goes on
+    assert f"{bad!a}" in str(info.value)
+    assert OutboxEvent.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"headers": {"trace": "a\x00b"}}, "trace"),
+        ({"headers": {"trace": ["\udcff"]}}, "trace"),
+        ({"headers": {"\udcff": 1}}, "\udcff"),
+        ({"payload": {"ok": 1, "note": {"deep": "\ud800"}}}, "note"),
+        ({"payload": {"\x00": 1}}, "\x00"),
+    ],
+    ids=["headers-nul", "headers-surrogate", "headers-key", "payload", "payload-key"],
+)
+def test_unstorable_json_names_its_field(arguments, field):
+    payload = arguments.pop("payload", {})
+    with pytest.raises(InvalidPayload) as info, transaction.atomic():
+        publish({"event_type": "Untyped", "payload": payload}, **arguments)
+    assert info.value.field == field
+    assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "lone-surrogate"])
+def test_an_actions_name_and_params_are_refused_alike(bad):
+    with pytest.raises(InvalidEvent), transaction.atomic(), outbox_action(bad):
+        pass
+    with (
+        pytest.raises(InvalidPayload) as info,
+        transaction.atomic(),
+        outbox_action("Import", {"file": bad}),
+    ):
+        pass
+    assert info.value.field == "file"
+    assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"aggregate": ("x" * 151, "1")},
+        {"aggregate": ("shop.Order", "1" * 256)},
+        {"tenant_id": "t" * 256},
+    ],
+    ids=["aggregate-type", "aggregate-id", "tenant"],
+)
+def test_text_longer_than_its_column_is_refused_on_every_database(arguments):
+    """PostgreSQL and MariaDB raise DataError, SQLite keeps it: refused alike."""
+    with pytest.raises(InvalidEvent, match="characters"), transaction.atomic():
+        publish({"event_type": "Untyped", "payload": {}}, **arguments)
+    assert not OutboxEvent.objects.exists()
+
+
 @pytest.fixture
 def unique_tenant_index():
     """A unique index of the project's own on the outbox table, whose name

@@ -1,10 +1,11 @@
 """publish(), the stored JSON and the CloudEvents body against hostile input
 (hypothesis): every input is stored and delivered unchanged (as its JSON form)
 or refused before the INSERT with a named ``outbox_app.exceptions`` error, and
-nothing is half-written (issue 16, item 3)."""
+nothing is half-written."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -15,7 +16,7 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from outbox_app import OutboxEvent, publish
+from outbox_app import OutboxEvent, outbox_action, publish
 from outbox_app.events import decode, loads
 from outbox_app.exceptions import InvalidEvent, OutboxError
 from outbox_app.publishers.cloudevents import body
@@ -117,6 +118,74 @@ def test_publish_stores_unchanged_or_refuses_before_the_insert(
         notification_id=1,
     )
     assert same(json.loads(body(context).decode())["data"], json_form(payload))
+
+
+def storable(text: str) -> bool:
+    """Text every database stores unchanged: no NUL, no lone surrogate."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
+#: Text of any length around the columns' limits (150 and 255 characters).
+LONG_TEXT = st.text(st.characters(codec="utf-8"), min_size=140, max_size=270)
+
+
+@EXAMPLES
+@given(
+    aggregate_type=ANY_TEXT | LONG_TEXT,
+    aggregate_id=ANY_TEXT | LONG_TEXT,
+    tenant_id=st.none() | ANY_TEXT | LONG_TEXT,
+    operation=st.none() | ANY_TEXT,
+    action=st.none()
+    | st.tuples(ANY_TEXT, st.dictionaries(ANY_TEXT, JSON_ISH, max_size=3)),
+)
+def test_every_stored_text_is_stored_unchanged_or_refused_before_the_insert(
+    aggregate_type, aggregate_id, tenant_id, operation, action
+):
+    """The row's other texts (aggregate type and id, tenant, operation, the
+    action's name and params): stored as given, or refused with an
+    ``InvalidEvent`` before the INSERT, alike on every database (a NUL, a
+    lone surrogate, over the column's length)."""
+    unstorable = any(
+        text is not None and (not storable(text) or len(text) > limit)
+        for text, limit in (
+            (aggregate_type, 150),
+            (aggregate_id, 255),
+            (tenant_id, 255),
+            (operation, 32),
+        )
+    )
+    before = OutboxEvent.objects.count()
+    try:
+        with transaction.atomic():
+            acting = outbox_action(*action) if action else contextlib.nullcontext()
+            with acting:
+                [row] = publish(
+                    {"event_type": "Fuzzed", "payload": {}},
+                    aggregate=(aggregate_type, aggregate_id),
+                    tenant_id=tenant_id,
+                    operation=operation,
+                )
+    except OutboxError as exc:
+        assert isinstance(exc, InvalidEvent), exc
+        assert OutboxEvent.objects.count() == before
+        TRIED["refused"] += 1
+        return
+    TRIED["stored"] += 1
+    assert not unstorable, "stored text some database cannot hold"
+    stored = OutboxEvent.objects.get(id=row.id)
+    assert (
+        stored.aggregate_type,
+        stored.aggregate_id,
+        stored.tenant_id,
+        stored.operation,
+    ) == (aggregate_type, aggregate_id, tenant_id, operation)
+    if action:
+        assert stored.action_name == action[0]
+        assert same(stored.action_params, json_form(action[1]))
 
 
 @EXAMPLES

@@ -291,3 +291,13 @@ def test_a_resumed_publisher_is_not_shown():
     pause("rabbitmq", since=datetime.timedelta(minutes=3), probed=datetime.timedelta(0))
     SubscriberPause.objects.update(resumed_at=timezone.now())
     assert status.paused() == []
+
+
+def test_command__a_malformed_broker_url_is_masked(settings):
+    settings.OUTBOX_PUBLISHERS = {
+        "rabbitmq": {"URL": "amqp://user:s3cret@host:notaport//"}
+    }
+    with pytest.raises(CommandError) as raised:
+        call_command("outbox_status", stdout=io.StringIO())
+    assert "s3cret" not in str(raised.value)
+    assert "amqp://user:**@host:notaport//" in str(raised.value)

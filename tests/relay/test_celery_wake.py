@@ -225,3 +225,25 @@ def test_checks_warn_when_wakeups_would_go_to_celerys_default_broker(settings):
     assert [m.id for m in check_settings()] == ["outbox.W004"]
     settings.CELERY_BROKER_URL = BROKER
     assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:s3cret@127.0.0.1:notaport//",
+        "amqp://guest:s3cret@[127.0.0.1//",
+        "redis://:s3cret@127.0.0.1:notaport/0",
+    ],
+)
+def test_a_malformed_broker_url_is_masked_in_the_log(settings, handlers, caplog, url):
+    handlers("record")
+    settings.OUTBOX_CELERY_WAKE = True
+    settings.CELERY_BROKER_URL = url
+    settings.CELERY_BROKER_CONNECTION_TIMEOUT = 0.5
+    caplog.set_level(logging.WARNING, logger="outbox_app.tasks")
+    with transaction.atomic():
+        publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
+    assert tasks._waker.flush(10)
+    [record] = caplog.records
+    assert "outbox wake-up not sent" in record.getMessage()
+    assert "s3cret" not in record.getMessage()

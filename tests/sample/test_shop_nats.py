@@ -49,15 +49,16 @@ def _stream(work):
 
 
 def stored_ids(name: str) -> list[str]:
-    """The ``Nats-Msg-Id`` (the event id) of every message in stream ``name``,
-    in stream order."""
+    """The event id of every message in stream ``name`` (the last part of its
+    ``Nats-Msg-Id``, ``<namespace>:<publisher>:<event id>``), in stream
+    order."""
 
     async def read(js):
         state = (await js.stream_info(name)).state
         if not state.messages:
             return []
         return [
-            (await js.get_msg(name, seq)).headers["Nats-Msg-Id"]
+            (await js.get_msg(name, seq)).headers["Nats-Msg-Id"].rpartition(":")[2]
             for seq in range(state.first_seq, state.last_seq + 1)
         ]
 

@@ -6,8 +6,8 @@ import pytest
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from outbox_app.checks import check_settings
-from outbox_app.conf import outbox_settings
+from outbox_app.checks import check_settings, check_subscribers
+from outbox_app.conf import mask_url, outbox_settings
 
 
 def test_defaults_pass(settings):
@@ -124,3 +124,144 @@ def test_sqlite_with_celery_relays_warns(settings):
     assert ids == (["outbox.W003"] if connection.vendor == "sqlite" else [])
     settings.OUTBOX_CELERY_WAKE = False
     assert check_sqlite_relays() == []
+
+
+# --- passwords in URLs ------------------------------------------------------------
+
+SECRET = "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("amqp://user:s3cret@host:5672//", "amqp://user:**@host:5672//"),
+        ("amqp://user:s3cret@host:notaport//", "amqp://user:**@host:notaport//"),
+        ("redis://:s3cret@host:xx/0", "redis://:**@host:xx/0"),
+        ("amqp://user:pa/s3cret@x@host//", "amqp://user:**@host//"),
+        ("amqp://user:s3cret@[::1//", "amqp://user:**@[::1//"),
+        ("nats://s3cret@host:4222", "nats://**@host:4222"),
+        ("user:s3cret@host", "user:**@host"),
+        ("amqp://host//", "amqp://host//"),
+        ("memory://", "memory://"),
+        ("someone@example.com wrote", "someone@example.com wrote"),
+        (
+            "'URL' 'amqp://u:s3cret@h:x//' is not a kombu URL: Port could not be",
+            "'URL' 'amqp://u:**@h:x//' is not a kombu URL: Port could not be",
+        ),
+        (
+            "['nats://a:s3cret@n1:4222', 'tls://b:s3cret@n2']",
+            "['nats://a:**@n1:4222', 'tls://b:**@n2']",
+        ),
+    ],
+)
+def test_mask_url_hides_the_secret_of_any_url_by_pattern(text, shown):
+    assert mask_url(text) == shown
+
+
+MALFORMED = "amqp://user:s3cret@host:notaport//"
+
+
+@pytest.mark.parametrize(
+    ("publishers", "check_id"),
+    [
+        ({"rabbitmq": {"URL": MALFORMED}}, "outbox.E015"),
+        (
+            {
+                "nats": {
+                    "BACKEND": "outbox_app.publishers.nats.JetStreamPublisher",
+                    "URL": ["nats://user:s3cret@n1:bad", ""],
+                    "STREAM": "S",
+                }
+            },
+            "outbox.E015",
+        ),
+    ],
+    ids=["kombu", "nats-list"],
+)
+def test_a_malformed_publisher_url_is_masked_in_check_and_errors(
+    settings, publishers, check_id
+):
+    settings.OUTBOX_PUBLISHERS = publishers
+    [message] = check_subscribers()
+    assert message.id == check_id
+    assert SECRET not in message.msg and "user:**@" in message.msg, message.msg
+    from outbox_app.registry import publishers as built
+
+    with pytest.raises(ImproperlyConfigured) as raised:
+        built()
+    assert SECRET not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("OUTBOX_INBOX_URL", "user:s3cret@host", "outbox.E019"),
+        ("OUTBOX_PUBLISHERS", [{"URL": MALFORMED}], "outbox.E010"),
+    ],
+)
+def test_a_malformed_url_setting_is_masked(settings, name, value, check_id):
+    setattr(settings, name, value)
+    [message] = check_settings()
+    assert message.id == check_id
+    assert SECRET not in message.msg and "user:**@" in message.msg, message.msg
+    with pytest.raises(ImproperlyConfigured) as raised:
+        getattr(outbox_settings, name.removeprefix("OUTBOX_"))
+    assert SECRET not in str(raised.value) and "user:**@" in str(raised.value)
+
+
+def test_a_url_without_a_scheme_is_masked_where_publishers_show_it():
+    from outbox_app.publishers.kombu import KombuPublisher
+    from outbox_app.publishers.nats import JetStreamPublisher
+
+    kombu = KombuPublisher("p", {"URL": "user:s3cret@host"})
+    nats = JetStreamPublisher("n", {"URL": "user:s3cret@host:4222", "STREAM": "S"})
+    assert kombu.where == "user:**@host"
+    assert nats.where == "user:**@host:4222"
+    # A port no parser takes: built (it fails to connect), shown masked.
+    odd = JetStreamPublisher("n", {"URL": ["nats://user:s3cret@n1:bad"], "STREAM": "S"})
+    assert odd.where == "nats://user:**@n1:bad"
+
+
+def test_consume_refuses_a_malformed_inbox_url_masked(settings):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.OUTBOX_INBOX_URL = MALFORMED
+    with pytest.raises(CommandError) as raised:
+        call_command("consume", "--max-seconds", "1")
+    assert SECRET not in str(raised.value)
+    assert "OUTBOX_INBOX_URL 'amqp://user:**@host:notaport//'" in str(raised.value)
+
+
+@pytest.mark.django_db
+def test_a_pause_logs_and_records_its_reason_masked(caplog):
+    import logging
+
+    from django.utils import timezone
+
+    from outbox_app.delivery.publishers import pauses
+    from outbox_app.models import SubscriberPause
+    from outbox_app.publishers.base import Publisher
+
+    caplog.set_level(logging.ERROR, logger="outbox_app.relay")
+    error = ConnectionError(f"cannot reach redis://:{SECRET}@cache:6379/0")
+    try:
+        pauses.pause(Publisher("down", {}), error, timezone.now(), "default")
+    finally:
+        pauses.clear()
+    [record] = caplog.records
+    assert SECRET not in record.getMessage()
+    assert "redis://:**@cache:6379/0" in record.getMessage()
+    assert SECRET not in SubscriberPause.objects.get(subscriber="down").reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_refuses_a_malformed_url_masked(settings, caplog):
+    from django.core.management import call_command
+
+    settings.OUTBOX_PUBLISHERS = {"rabbitmq": {"URL": MALFORMED}}
+    with pytest.raises(ImproperlyConfigured) as raised:
+        call_command("relay", "--once", "--verbosity", "0")
+    assert SECRET not in str(raised.value)
+    assert "amqp://user:**@host:notaport//" in str(raised.value)
+    assert not [r for r in caplog.records if SECRET in r.getMessage()]

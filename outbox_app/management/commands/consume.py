@@ -7,8 +7,9 @@ import signal
 import threading
 
 from django.core.management.base import BaseCommand, CommandError
+from kombu import Connection
 
-from outbox_app.conf import outbox_settings
+from outbox_app.conf import mask_url, outbox_settings
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
 
@@ -65,6 +66,13 @@ class Command(BaseCommand):
                 "OUTBOX_INBOX_URL is not set: set it to the broker the producer "
                 'publishes to, e.g. "amqp://guest:guest@127.0.0.1:5672//"'
             )
+        try:
+            _ = Connection(outbox_settings.INBOX_URL).transport  # raises if malformed
+        except Exception as exc:
+            raise CommandError(
+                f"OUTBOX_INBOX_URL {mask_url(outbox_settings.INBOX_URL)!r} is not a "
+                f"kombu URL: {mask_url(str(exc))}"
+            ) from exc
         if outbox_settings.INBOX_URL.startswith("memory://"):
             raise CommandError(
                 "OUTBOX_INBOX_URL is memory:// (in-process only): another "

@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from django.template.defaultfilters import pluralize
 
 from outbox_app import metrics, status
+from outbox_app.conf import mask_url
 from outbox_app.exceptions import OutboxError
 from outbox_app.states import State
 
@@ -95,7 +96,7 @@ class Command(BaseCommand):
                 return
             data = status.overview(using=using)
         except (OutboxError, ImproperlyConfigured, DatabaseError) as exc:
-            raise CommandError(f"cannot read the outbox: {exc}") from exc
+            raise CommandError(f"cannot read the outbox: {mask_url(str(exc))}") from exc
         problems = status.problems(
             data,
             max_lag=options["max_lag"],

@@ -411,8 +411,8 @@ class _Reconciliation:
 
     def _nats(self, publisher, write) -> list[str]:
         """Every committed event the NATS publisher receives has a SUCCEEDED
-        notification: its PubAck came back, so the stream holds it (once: the
-        event id is its Nats-Msg-Id)."""
+        notification: its PubAck came back, so the stream holds it (once: its
+        Nats-Msg-Id names the event)."""
         committed = {
             i
             for i, event_type in OutboxEvent.objects.exclude(
