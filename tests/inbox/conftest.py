@@ -26,11 +26,12 @@ def message(
     event_type: str = "OrderPlaced",
     payload: dict | None = None,
     expires_at: datetime.datetime | None = None,
+    source: str = "shop",
 ) -> bytes:
     """A message as outbox_app's KombuPublisher sends it."""
     context = DeliveryContext(
         event_id=event_id or uuid.uuid4(),
-        namespace="shop",
+        namespace=source,
         event_type=event_type,
         revision=1,
         payload=payload or {"order_id": order_id, "total": "9.99"},
