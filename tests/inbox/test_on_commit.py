@@ -59,9 +59,32 @@ def ran_for(notifies, n: int) -> list:
     return [what for order, what in notifies.ran if order == n]
 
 
-def assert_failed_by_its_callback(n: int, attempts: int = 1) -> InboxMessage:
+def assert_failed_by_its_callback(n: int) -> InboxMessage:
+    row = InboxMessage.objects.get(consumer="notifies", state=InboxState.FAILED)
+    assert (row.attempts, row.last_error) == (1, f"the callback of order {n} failed")
+    assert row.last_error_type == "builtins.RuntimeError"
+    assert "in first" in row.last_traceback  # the callback's own frame
+    assert f'"order_id":{n}' in row.body  # kept to run again
+    assert row.next_retry_at is not None
+    return row
+
+
+def test_a_raising_callback_in_a_batch_fails_its_message_and_the_others_run(
+    notifies,
+):
+    notifies.failing.add(2)
+    tally = receive_batch(batch_of(*(message(n) for n in (1, 2, 3))), {QUEUE: mine()})
+    # notifies: 1 and 3 handled, 2 failed by its callback; audit: 3 handled.
+    assert (tally.handled, tally.failed) == (5, 1)
+    for n in (1, 2, 3):
+        assert ran_for(notifies, n) == [1, "second", "audit"], n
+    assert_failed_by_its_callback(2)
+    # The consumer's writes had committed; it runs again (at least once).
+    notifies.failing.clear()
+    assert retry_due(mine(), now=timezone.now() + LATER).handled == 1
+    assert ran_for(notifies, 2) == [1, "second", "audit", 2, "second"]
     row = InboxMessage.objects.get(consumer="notifies", attempts=2)
-    assert row.state == InboxState.HANDLED
+    assert (row.state, row.body) == (InboxState.HANDLED, "")
     assert sorted(
         SideEffect.objects.filter(handler="notifies").values_list("position", flat=True)
     ) == [1, 2, 2, 3]

@@ -25,13 +25,14 @@ UNDECODABLE = "outbox_app.exceptions.UndecodableMessage"
 
 @pytest.fixture
 def everything(consumer):
-    """``everything``: a consumer of every type, writing one SideEffect each."""
+    """``everything``: a consumer of every type, writing one SideEffect each
+    (under an id of its own: one message id may come from two sources)."""
 
     @consumer("*", name="everything")
     def everything(event, context):
         SideEffect.objects.create(
             handler="everything",
-            event_id=context.event_id,
+            event_id=uuid.uuid4(),
             position=context.payload["order_id"],
         )
 
@@ -60,7 +61,9 @@ def test_a_consumer_raising_text_no_column_can_hold_is_recorded_readably(consume
     def garbled(event, context):
         if event.order_id == 2:
             raise ValueError("bad \udcff and \x00 here")
-        SideEffect.objects.create(handler="garbled", position=event.order_id)
+        SideEffect.objects.create(
+            handler="garbled", event_id=context.event_id, position=event.order_id
+        )
 
     tally = receive_batch(batch_of(*(message(n) for n in (1, 2, 3))), {QUEUE: mine()})
     assert (tally.handled, tally.failed) == (2, 1)
