@@ -136,6 +136,9 @@ class ConsumeWorker:
                     self._consume(connection, started)
                 break
             except broker_errors as exc:
+                # Unacknowledged on a lost connection: the broker sends them
+                # again.
+                self._pending = []
                 self._broker_failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** (self._broker_failures - 1))
                 logger.error(
