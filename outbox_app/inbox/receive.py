@@ -413,11 +413,11 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             runs.append((index, consumer, envelope, body, queue, row))
     old = _sourceless({(run[-1].consumer, run[-1].message_id) for run in runs}, alias)
     if old:
-        kept = [
+        remaining = [
             run for run in runs if (run[-1].consumer, run[-1].message_id) not in old
         ]
-        tally.duplicates += len(runs) - len(kept)
-        runs = kept
+        tally.duplicates += len(runs) - len(remaining)
+        runs = remaining
     if not runs:
         return tally
     inserted = insert_new([run[-1] for run in runs], ["id", *KEY], alias)
@@ -432,8 +432,6 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             fresh.append(run)
     tally.duplicates += len(runs) - len(fresh)
     kept = [row for _, consumer, *_, row in fresh if consumer is None]
-    tally.deferred += len(kept)
-    _log_kept(kept)
     ordered = [row for _, consumer, *_, row in fresh if consumer and consumer.ordered]
     if ordered and _held_back(ordered, alias):
         raise _RunAlone()  # the waiting ones are recorded message by message
@@ -447,6 +445,8 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             raise _RunAlone({index: {consumer.name: exc}}) from None
         ran.append(_Ran(consumer, row, body, callbacks))
         tally.handled += 1
+    tally.deferred += len(kept)
+    _log_kept(kept)
     return tally
 
 
