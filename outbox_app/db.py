@@ -37,6 +37,21 @@ logger = logging.getLogger("outbox_app.relay")
 T = TypeVar("T")
 
 
+def storable(text: str | bytes) -> str:
+    """``text`` as every supported database's text columns hold it, for text
+    that comes from outside (an exception's message and traceback, a message
+    body, a broker's queue name, a transport error): a lone surrogate, which
+    no UTF-8 encoder takes, and an undecodable byte become backslash escapes
+    (``\\udcff``, ``\\xff``); a NUL character, which PostgreSQL's text
+    refuses, becomes ``\\x00``. Any other text is returned unchanged.
+    Every such text outbox_app stores passes through here first."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "backslashreplace")
+    else:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")
+
+
 class FilteredIndex(models.Index):
     """A partial index where the database has them (PostgreSQL, SQLite); elsewhere
     (MySQL/MariaDB, where Django would drop the condition) a composite index led

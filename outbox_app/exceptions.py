@@ -205,8 +205,12 @@ class EventExpired(DeliveryError):
 class UndecodableMessage(OutboxError):
     """A consumed message is not a CloudEvents 1.0 JSON event (structured
     mode): not JSON, not an object, or without ``specversion``, ``id``,
-    ``source`` or ``type``. ``manage.py consume`` parks it (one inbox row per
-    consumer of its queue, with the body and this error), acknowledges it and
+    ``source`` or ``type``; or the inbox cannot store one of the attributes
+    it keeps (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``:
+    not a string, holding a NUL character, or longer than its column; an id
+    is never truncated). ``manage.py consume`` parks it (one inbox row per
+    consumer of its queue, with the body and this error, keyed by the body's
+    SHA-256 when its own id and source are unusable), acknowledges it and
     goes on: it never blocks the queue."""
 
 

@@ -23,6 +23,7 @@ from . import ids
 from .db import FilteredIndex
 from .events import OutboxJSONEncoder
 from .querysets import (
+    ConsumerSubscriptionQuerySet,
     InboxMessageQuerySet,
     NotificationQuerySet,
     OutboxEventQuerySet,
@@ -319,16 +320,29 @@ class InboxMessage(models.Model):
 
     The row of a handled message is inserted in the transaction that holds the
     consumer's own writes, so both commit or neither does; a redelivered
-    message finds its row and is acknowledged without running the consumer
-    again (MassTransit's InboxState, Eventuate's ``received_messages``). The
-    message is acknowledged to the broker only after that commit. A message
-    whose consumer failed is kept here with its body and retried from the
-    database (FAILED, then PARKED: the dead letter), never blocking the queue.
-    HANDLED rows older than ``OUTBOX_INBOX_RETENTION_DAYS`` are purged.
+    message finds its row, keyed by (consumer, CloudEvents ``source``, message
+    id), and is acknowledged without running the consumer again (MassTransit's
+    InboxState, Eventuate's ``received_messages``). The message is
+    acknowledged to the broker only after that commit. A message whose
+    consumer failed is kept here with its body and retried from the database
+    (FAILED, then PARKED: the dead letter), never blocking the queue; so is a
+    message kept for a consumer this process lacks (:class:`ConsumerSubscription`).
+    HANDLED rows older than ``OUTBOX_INBOX_RETENTION_DAYS`` are purged. Rows
+    recorded before the source was (an empty ``source``) still stop a
+    redelivery of their message id, whatever its source.
     """
 
     id = models.BigAutoField(primary_key=True)
     consumer = models.CharField(max_length=150)
+    source = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_(
+            "The CloudEvents source: the producing service (its OUTBOX_NAMESPACE)."
+        ),
+    )
     message_id = models.CharField(
         max_length=255, help_text=_("The CloudEvents id: the outbox event id.")
     )
@@ -358,8 +372,9 @@ class InboxMessage(models.Model):
         verbose_name_plural = _("inbox messages")
         ordering = ["-id"]
         constraints = [
+            # CloudEvents ids are unique per source.
             models.UniqueConstraint(
-                fields=["consumer", "message_id"], name="outbox_inbox_uniq"
+                fields=["consumer", "source", "message_id"], name="outbox_inbox_key"
             ),
         ]
         indexes = [
@@ -379,6 +394,57 @@ class InboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type or self.message_id} -> {self.consumer} [{self.state}]"
+
+
+class ConsumerSubscription(models.Model):
+    """One ``@consumer``'s subscription to one event type on one queue, as
+    ``manage.py consume`` processes recorded it (at start, then every
+    ``HEARTBEAT_SECONDS``): the inbox's counterpart of :class:`Subscription`.
+
+    A ``consume`` process never acknowledges as ignored a message that an
+    active consumer recorded here receives and the process lacks (a rolling
+    deploy: the consumer is in the new code only); it keeps the message as
+    that consumer's inbox row (FAILED, due now, no attempt counted) and a
+    process that has the consumer runs it from the database. Rows are retired
+    only by an operator (``manage.py outbox_subscribers --retire``); a retired
+    consumer's messages are no longer kept by processes that lack it.
+    """
+
+    consumer = models.CharField(max_length=150)
+    queue = models.CharField(max_length=255)
+    event_type = models.CharField(
+        max_length=255, help_text=_("An event type, or * for every type.")
+    )
+    ordered = models.BooleanField(default=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(
+        default=timezone.now,
+        help_text=_("When a consume process that has it last ran."),
+    )
+    last_seen_by = models.CharField(max_length=255, blank=True, default="")
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Empty while active.")
+    )
+    retired_by = models.CharField(max_length=255, blank=True, default="")
+
+    objects = ConsumerSubscriptionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("consumer subscription")
+        verbose_name_plural = _("consumer subscriptions")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "queue", "event_type"],
+                name="outbox_consumer_subscription_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer} <- {self.event_type} on {self.queue}"
+
+    def is_served(self, now=None) -> bool:
+        """Active, and a consume process refreshed it within ``SERVED_SECONDS``."""
+        return self.retired_at is None and self.last_seen_at >= served_since(now)
 
 
 class OutboxOverview(Notification):

@@ -16,7 +16,7 @@ from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .db import insert_select, reissued_on_deadlock
+from .db import insert_select, reissued_on_deadlock, storable
 from .ids import worker_name
 from .states import (
     CLAIMABLE,
@@ -207,7 +207,7 @@ class SubscriberPauseQuerySet(QuerySet):
                 "resume_at": pause.resume_at,
                 "resumed_at": resumed_at,
                 "probes": pause.probes,
-                "reason": pause.reason[:2000],
+                "reason": storable(pause.reason)[:2000],
                 "worker": worker_name(),
                 "updated_at": timezone.now(),
             },
@@ -289,6 +289,17 @@ class SubscriptionQuerySet(QuerySet):
             for s in subscribers
             for t in sorted(s.event_types or (WILDCARD,))
         ]
+        self._seen(rows, ["subscriber", "event_type"], worker, now, heartbeat)
+        aliases = {a: s.name for s in subscribers for a in s.aliases}
+        for alias, name in aliases.items():
+            self.active().filter(subscriber=alias).update(
+                retired_at=now, retired_by=f"renamed to {name}"[:255]
+            )
+
+    def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
+        """Insert the missing ``rows`` (a retired row stays retired); refresh
+        ``last_seen_at`` of those older than :data:`HEARTBEAT_SECONDS` (with
+        ``heartbeat``). ``key``: the fields of the unique constraint."""
         if not rows:
             return
         self.bulk_create(rows, ignore_conflicts=True)
@@ -296,14 +307,9 @@ class SubscriptionQuerySet(QuerySet):
             stale = now - datetime.timedelta(seconds=HEARTBEAT_SECONDS)
             mine = Q()
             for row in rows:
-                mine |= Q(subscriber=row.subscriber, event_type=row.event_type)
+                mine |= Q(**{name: getattr(row, name) for name in key})
             self.filter(mine, last_seen_at__lt=stale).update(
                 last_seen_at=now, last_seen_by=worker[:255]
-            )
-        aliases = {a: s.name for s in subscribers for a in s.aliases}
-        for alias, name in aliases.items():
-            self.active().filter(subscriber=alias).update(
-                retired_at=now, retired_by=f"renamed to {name}"[:255]
             )
 
     def retire(self, by: str, now: datetime.datetime | None = None) -> int:
@@ -315,6 +321,44 @@ class SubscriptionQuerySet(QuerySet):
         """Undo :meth:`retire`. Returns rows reactivated."""
         return self.filter(retired_at__isnull=False).update(
             retired_at=None, retired_by=""
+        )
+
+
+class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):
+    def record(
+        self,
+        consumers: Iterable,
+        worker: str,
+        now: datetime.datetime | None = None,
+        heartbeat: bool = True,
+    ) -> None:
+        """Record that a ``consume`` process has ``consumers``
+        (:class:`~outbox_app.inbox.Consumer` values): one row per consumer,
+        queue and event type (``*``: every type), inserted if missing (a
+        retired row stays retired), ``last_seen_at`` refreshed when older than
+        :data:`HEARTBEAT_SECONDS` (with ``heartbeat``)."""
+        from .subscribers import WILDCARD
+
+        now = now or timezone.now()
+        rows = [
+            self.model(
+                consumer=c.name,
+                queue=storable(c.queue)[:255],
+                event_type=t,
+                ordered=c.ordered,
+                first_seen_at=now,
+                last_seen_at=now,
+                last_seen_by=worker[:255],
+            )
+            for c in consumers
+            for t in sorted(c.event_types or (WILDCARD,))
+        ]
+        reissued_on_deadlock(
+            self.db,
+            lambda: self._seen(
+                rows, ["consumer", "queue", "event_type"], worker, now, heartbeat
+            ),
+            "recording consumers",
         )
 
 

@@ -1,5 +1,6 @@
 """The inbox's admin: messages consumers received (``manage.py consume``),
-the failing and parked ones with their error, and "requeue"."""
+the failing and parked ones with their error, and "requeue"; and the
+consumers ``consume`` processes recorded."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from ..models import InboxMessage
+from ..models import ConsumerSubscription, InboxMessage
 from ..states import InboxState
 from ..templatetags.outbox_admin import duration
 from .base import LOG_EACH_MAX, OutboxAdminBase, error_summary, pre, pretty_json
+from .subscriptions import ServedFilter
 
 #: Badge colours, as the notifications' (base.STATE_COLOURS).
 COLOURS = {
@@ -38,7 +40,14 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
         "received_at",
     ]
     list_display_links = ["id"]
-    list_filter = ["state", "consumer", "queue", "event_type", "last_error_type"]
+    list_filter = [
+        "state",
+        "consumer",
+        "source",
+        "queue",
+        "event_type",
+        "last_error_type",
+    ]
     search_fields = ["=message_id", "=aggregate_id"]
     search_help_text = gettext_lazy("Message id (the event id) or aggregate id.")
     show_full_result_count = False
@@ -50,6 +59,7 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
             {
                 "fields": [
                     "consumer",
+                    "source",
                     "message_id",
                     "queue",
                     "event_type",
@@ -139,3 +149,29 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
             % {"count": count},
             messages.SUCCESS,
         )
+
+
+@admin.register(ConsumerSubscription)
+class ConsumerSubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
+    """The consumers ``consume`` processes recorded, one row per consumer,
+    queue and event type: a process that lacks an active one keeps its
+    messages for it. ``manage.py outbox_subscribers --retire`` retires one."""
+
+    list_display = [
+        "consumer",
+        "queue",
+        "event_type",
+        "ordered",
+        "served",
+        "last_seen_at",
+        "last_seen_by",
+        "retired_at",
+        "retired_by",
+    ]
+    list_filter = [ServedFilter, "queue", "ordered"]
+    search_fields = ["consumer", "event_type", "last_seen_by"]
+    ordering = ["consumer", "queue", "event_type"]
+
+    @admin.display(boolean=True, description=gettext_lazy("served"))
+    def served(self, obj: ConsumerSubscription) -> bool | None:
+        return None if obj.retired_at is not None else obj.is_served()

@@ -21,6 +21,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from ..conf import outbox_settings
+from ..db import storable
 from ..exceptions import EventExpired, LeaseLost
 from ..metrics import relay_metrics
 from ..registry import dotted_path
@@ -33,14 +34,20 @@ logger = logging.getLogger("outbox_app.relay")
 def recorded_error(error: BaseException) -> tuple[str, str, str]:
     """``(message, dotted type, traceback)`` of ``error`` as failed rows keep
     them (notifications, inbox messages): the traceback's last
-    ``OUTBOX_TRACEBACK_MAX_CHARS`` characters, NUL characters escaped
-    (PostgreSQL text cannot hold them)."""
+    ``OUTBOX_TRACEBACK_MAX_CHARS`` characters; each made storable
+    (:func:`~outbox_app.db.storable`: a lone surrogate or a NUL character in
+    an exception's text becomes a backslash escape). An exception whose
+    ``str()`` raises is recorded by its type."""
     limit = outbox_settings.TRACEBACK_MAX_CHARS
     text = "".join(traceback.format_exception(error))
+    try:
+        message = str(error) or repr(error)
+    except Exception:
+        message = f"<{type(error).__name__}: str() raised>"
     return (
-        (str(error) or repr(error)).replace("\x00", "\\x00"),
-        dotted_path(type(error))[:255],
-        (text[-limit:] if limit else "").replace("\x00", "\\x00"),
+        storable(message),
+        storable(dotted_path(type(error)))[:255],
+        storable(text[-limit:] if limit else ""),
     )
 
 

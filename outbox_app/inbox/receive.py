@@ -1,12 +1,14 @@
 """The transactional inbox: one consumed message, once per consumer.
 
 For each consumer of a message's type, one transaction holds, first, the
-INSERT of the inbox row ``(consumer, message id)`` and then the consumer's own
-writes; both commit or neither does. The broker's ack is sent by the caller
-after every consumer's transaction (``inbox/worker.py``), so a crash at any
-point either leaves the message unacknowledged (the broker redelivers it; the
-rolled-back consumer runs again) or committed (the redelivery finds the row
-and is acknowledged without running the consumer: a duplicate).
+INSERT of the inbox row ``(consumer, source, message id)`` (CloudEvents ids
+are unique per source) and then the consumer's own writes; both commit or
+neither does. The broker's ack is sent by the caller after every consumer's
+transaction (``inbox/worker.py``), so a crash at any point either leaves the
+message unacknowledged (the broker redelivers it; the rolled-back consumer
+runs again) or committed (the redelivery finds the row and is acknowledged
+without running the consumer: a duplicate). A row recorded without its
+source (before the inbox kept it) still stops a redelivery of its id.
 
 :func:`receive_batch` runs what the broker sent at once in one transaction:
 one INSERT of every inbox row that skips the duplicates and returns the rows
@@ -26,23 +28,41 @@ redelivery: a failing message is acknowledged and never blocks the queue nor
 spins in a redelivery loop, the attempts are counted whatever the broker
 (classic RabbitMQ queues and Redis count none), and the dead letter is in the
 same place as the relay's, requeueable from the admin.
+
+A consumer's ``transaction.on_commit`` callbacks are taken out of Django's
+list as it returns and run by the inbox after the commit, in order, each
+guarded: one that raises fails its own message as a raising consumer does
+(FAILED with the callback's error, retried: the consumer runs again with its
+first writes committed, so a consumer with such side effects runs at least
+once and must be idempotent), and every other callback still runs.
+
+A message that is not a CloudEvent, or whose attributes the inbox cannot
+store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
+string, holding NUL, longer than the column), is PARKED at once as
+:class:`~outbox_app.exceptions.UndecodableMessage`, keyed by the body's
+SHA-256 when its own key is unusable. A message that a recorded consumer of
+its queue receives and this process lacks is kept for it
+(:mod:`~outbox_app.inbox.recorded`). Every outside text stored passes through
+:func:`~outbox_app.db.storable`.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import logging
+import operator
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from ..db import insert_new, transaction_broken, violated_constraint
+from ..db import insert_new, storable, transaction_broken, violated_constraint
 from ..delivery.handlers import Deferral, event_for, time_limit
 from ..delivery.outcomes import recorded_error
 from ..exceptions import TransactionBroken, UndecodableMessage
@@ -50,11 +70,23 @@ from ..models import InboxMessage
 from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
 from ..registry import dotted_path
 from ..states import InboxState
+from .recorded import Recorded
 from .registry import Consumer
 
 logger = logging.getLogger("outbox_app.inbox")
 
-UNIQUE = "outbox_inbox_uniq"
+#: The inbox's unique key: (consumer, source, message_id).
+UNIQUE = "outbox_inbox_key"
+KEY = ("consumer", "source", "message_id")
+#: CloudEvents attribute -> the InboxMessage column that stores it.
+COLUMNS = {
+    "id": "message_id",
+    "source": "source",
+    "type": "event_type",
+    "subject": "aggregate_id",
+    "aggregatetype": "aggregate_type",
+}
+UNDECODABLE = dotted_path(UndecodableMessage)
 #: States that hold back an ordered consumer's later messages of an aggregate.
 UNFINISHED = (InboxState.FAILED, InboxState.PARKED)
 WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
@@ -66,11 +98,11 @@ class ConsumeContext:
 
     Attributes:
         message_id: the CloudEvents ``id`` (for outbox_app's producers, the
-            outbox event id): the inbox's deduplication key.
+            outbox event id): with ``source``, the inbox's deduplication key.
         event_id: ``message_id`` as a UUID, or None if it is not one (a
             foreign producer's id).
         source: the producing service (CloudEvents ``source``: its
-            ``OUTBOX_NAMESPACE``).
+            ``OUTBOX_NAMESPACE``); ids are unique per source.
         event_type, revision: the type and payload revision (1 if absent).
         payload: the CloudEvent's ``data``.
         aggregate_type, aggregate_id, aggregate_version: the aggregate, if any
@@ -161,7 +193,11 @@ class Tally:
         expired: arrived after their CloudEvents ``expiretime``
             (``publish(expires_at=...)``): acknowledged without running the
             consumer, no inbox row written.
-        ignored: messages no consumer of their queue receives.
+        ignored: messages no consumer of their queue receives (neither this
+            process's nor a recorded one).
+        deferred: kept as the inbox row of a recorded consumer this process
+            lacks (a rolling deploy: FAILED, due now, no attempt counted),
+            run by a ``consume`` process that has it.
     """
 
     handled: int = 0
@@ -171,6 +207,7 @@ class Tally:
     waiting: int = 0
     expired: int = 0
     ignored: int = 0
+    deferred: int = 0
 
     def __iadd__(self, other: Tally) -> Tally:
         for f in fields(self):
@@ -179,6 +216,17 @@ class Tally:
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
+
+
+@dataclass
+class _Ran:
+    """A consumer run whose transaction committed (or will, with the one it
+    is in), and the ``on_commit`` callbacks it registered there."""
+
+    consumer: Consumer
+    row: InboxMessage
+    body: bytes | str
+    callbacks: list = field(default_factory=list)
 
 
 def receive(
@@ -191,7 +239,9 @@ def receive(
     failures: dict[str, Exception] | None = None,
 ) -> Tally:
     """Run one message through the inbox for each of ``consumers`` (those of
-    ``queue``) that receives its type. The caller acknowledges the message
+    ``queue``) that receives its type, then the ``on_commit`` callbacks they
+    registered (see the module's docstring; inside a caller's transaction,
+    Django runs them at its commit). The caller acknowledges the message
     afterwards, whatever the tally says.
 
     Args:
@@ -199,8 +249,8 @@ def receive(
             some transports' bodies over decoded).
         queue: where it came from.
         consumers: the consumers of that queue.
-        message_id: the broker's message id, for an undecodable body (default:
-            the body's SHA-256).
+        message_id: the broker's message id, the key of an undecodable body
+            (default, or when the inbox cannot store it: the body's SHA-256).
         using: database alias; default the router's for InboxMessage.
         failures: consumer name -> what it raised for this message in a
             batch rolled back (:func:`receive_batch`): recorded as that
@@ -215,27 +265,54 @@ def receive(
             acknowledge the message, so the broker delivers it again.
     """
     alias = using or router.db_for_write(InboxMessage)
-    tally = Tally()
-    if isinstance(body, str):
-        body = body.encode()
+    ran: list[_Ran] = []
+    tally = _receive(body, queue, consumers, message_id, alias, failures or {}, ran)
+    tally += _after_commit(ran, alias)
+    return tally
+
+
+def _receive(
+    body: bytes | str,
+    queue: str,
+    consumers: Sequence[Consumer],
+    message_id: str | None,
+    alias: str,
+    failures: dict[str, Exception],
+    ran: list[_Ran],
+    recorded: Recorded | None = None,
+) -> Tally:
+    """:func:`receive` but the callbacks, which go to ``ran``."""
+    body = _bytes(body)
+    envelope = None
     try:
         envelope = parse(body)
+        columns = _columns(envelope)
     except UndecodableMessage as exc:
-        key = message_id or hashlib.sha256(body).hexdigest()
+        source, key = _parked_key(envelope, body, message_id)
+        tally = Tally()
         for consumer in consumers:
-            tally.parked += _park_undecodable(consumer, key, body, queue, exc, alias)
+            tally += _park_undecodable(consumer, source, key, body, queue, exc, alias)
         return tally
-    mine = [c for c in consumers if c.receives(envelope["type"])]
-    if not mine:
-        tally.ignored += 1
-    elif _expired(envelope, timezone.now()):
-        tally.expired += len(mine)
-        return tally
-    failures = failures or {}
+    event_type = columns["event_type"]
+    mine = [c for c in consumers if c.receives(event_type)]
+    recorded = recorded or Recorded([queue], alias)
+    absent = recorded.absent(queue, event_type, mine)
+    if not mine and not absent:
+        return Tally(ignored=1)
+    if _expired(envelope, timezone.now()):
+        return Tally(expired=len(mine) + len(absent))
+    names = [c.name for c in mine] + absent
+    old = _sourceless({(name, columns["message_id"]) for name in names}, alias)
+    tally = Tally(duplicates=len(old))
     for consumer in mine:
-        tally += _first(
-            consumer, envelope, body, queue, alias, failures.get(consumer.name)
-        )
+        if (consumer.name, columns["message_id"]) not in old:
+            failure = failures.get(consumer.name)
+            tally += _first(
+                consumer, envelope, columns, body, queue, alias, failure, ran
+            )
+    for name in absent:
+        if (name, columns["message_id"]) not in old:
+            tally += _keep(_kept_row(name, columns, queue, body, timezone.now()), alias)
     return tally
 
 
@@ -257,12 +334,13 @@ def receive_batch(
 ) -> Tally:
     """Run ``batch`` (``(body, queue, broker message id)`` in arrival order)
     through the inbox as :func:`receive` runs one message, in one transaction
-    (see the module's docstring). The caller acknowledges every message
-    afterwards, whatever the tally says.
+    (see the module's docstring), then the ``on_commit`` callbacks its
+    consumers registered. The caller acknowledges every message afterwards,
+    whatever the tally says.
 
     Args:
         by_queue: queue name -> its consumers (a message of a queue missing
-            here is ``ignored``).
+            here is ``ignored``, unless a recorded consumer receives it).
         using: database alias; default the router's for InboxMessage.
 
     Returns:
@@ -273,86 +351,121 @@ def receive_batch(
             committed, so the caller hands every message back.
     """
     alias = using or router.db_for_write(InboxMessage)
+    recorded = Recorded({queue for _, queue, _ in batch}, alias)
+    ran: list[_Ran] = []
     try:
         with transaction.atomic(using=alias):
-            return _together(batch, by_queue, alias)
+            tally = _together(batch, by_queue, alias, recorded, ran)
     except _RunAlone as alone:
         failures = alone.failures
-    tally = Tally()
-    with transaction.atomic(using=alias):
-        for index, (body, queue, message_id) in enumerate(batch):
-            tally += receive(
-                body,
-                queue,
-                by_queue.get(queue, ()),
-                message_id=message_id,
-                using=alias,
-                failures=failures.get(index),
-            )
+        ran = []
+        tally = Tally()
+        with transaction.atomic(using=alias):
+            for index, (body, queue, message_id) in enumerate(batch):
+                tally += _receive(
+                    body,
+                    queue,
+                    by_queue.get(queue, ()),
+                    message_id,
+                    alias,
+                    failures.get(index, {}),
+                    ran,
+                    recorded,
+                )
+    tally += _after_commit(ran, alias)
     return tally
 
 
-def _together(batch, by_queue, alias: str) -> Tally:
+def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
     """The batch as one: the inbox rows in one INSERT, then the consumers.
     Raises :class:`_RunAlone` when it cannot be."""
     tally = Tally()
     now = timezone.now()
-    runs: list[tuple[int, Consumer, dict, str]] = []
-    seen: set[tuple[str, str]] = set()
+    # (message index, consumer or None: kept for an absent one, envelope,
+    # body, queue, row)
+    runs: list[tuple[int, Consumer | None, dict, bytes, str, InboxMessage]] = []
+    seen: set[tuple[str, str, str]] = set()
     for index, (body, queue, _) in enumerate(batch):
+        body = _bytes(body)
         try:
-            envelope = parse(body.encode() if isinstance(body, str) else body)
+            envelope = parse(body)
+            columns = _columns(envelope)
         except UndecodableMessage:
             raise _RunAlone() from None  # parked message by message
-        mine = [c for c in by_queue.get(queue, ()) if c.receives(envelope["type"])]
-        if not mine:
+        mine = [c for c in by_queue.get(queue, ()) if c.receives(columns["event_type"])]
+        absent = recorded.absent(queue, columns["event_type"], mine)
+        if not mine and not absent:
             tally.ignored += 1
-        elif _expired(envelope, now):
-            tally.expired += len(mine)
             continue
-        for consumer in mine:
-            key = (consumer.name, envelope["id"][:255])
+        if _expired(envelope, now):
+            tally.expired += len(mine) + len(absent)
+            continue
+        for consumer, name in [(c, c.name) for c in mine] + [(None, n) for n in absent]:
+            key = (name, columns["source"], columns["message_id"])
             if key in seen:
                 tally.duplicates += 1
+                continue
+            seen.add(key)
+            if consumer is None:
+                row = _kept_row(name, columns, queue, body, now)
             else:
-                seen.add(key)
-                runs.append((index, consumer, envelope, queue))
+                row = _row(name, columns, queue, now)
+            runs.append((index, consumer, envelope, body, queue, row))
+    old = _sourceless({(run[-1].consumer, run[-1].message_id) for run in runs}, alias)
+    if old:
+        remaining = [
+            run for run in runs if (run[-1].consumer, run[-1].message_id) not in old
+        ]
+        tally.duplicates += len(runs) - len(remaining)
+        runs = remaining
     if not runs:
         return tally
-    rows = [_row(c, envelope, queue, now) for _, c, envelope, queue in runs]
-    inserted = insert_new(rows, ["consumer", "message_id"], alias)
+    inserted = insert_new([run[-1] for run in runs], ["id", *KEY], alias)
     if inserted is None:
         raise _RunAlone()  # no INSERT ... RETURNING here: a savepoint each
-    written = set(inserted)
-    fresh = [
-        (run, row)
-        for run, row in zip(runs, rows, strict=True)
-        if (row.consumer, row.message_id) in written
-    ]
+    ids = {tuple(key): pk for pk, *key in inserted}
+    fresh = []
+    for run in runs:
+        row = run[-1]
+        row.id = ids.get((row.consumer, row.source, row.message_id))
+        if row.id is not None:
+            fresh.append(run)
     tally.duplicates += len(runs) - len(fresh)
-    ordered = [row for (_, consumer, _, _), row in fresh if consumer.ordered]
+    kept = [row for _, consumer, *_, row in fresh if consumer is None]
+    ordered = [row for _, consumer, *_, row in fresh if consumer and consumer.ordered]
     if ordered and _held_back(ordered, alias):
         raise _RunAlone()  # the waiting ones are recorded message by message
-    for (index, consumer, envelope, queue), _ in fresh:
+    for index, consumer, envelope, body, queue, row in fresh:
+        if consumer is None:
+            continue
         context = context_for(envelope, consumer, queue, attempt=1)
         try:
-            _run(consumer, context, alias)
+            callbacks = _run(consumer, context, alias)
         except Exception as exc:
             raise _RunAlone({index: {consumer.name: exc}}) from None
+        ran.append(_Ran(consumer, row, body, callbacks))
         tally.handled += 1
+    tally.deferred += len(kept)
+    _log_kept(kept)
     return tally
 
 
-def _run(consumer: Consumer, context: ConsumeContext, alias: str) -> None:
+def _run(consumer: Consumer, context: ConsumeContext, alias: str) -> list:
     """Call ``consumer`` with ``context``'s event, within its ``timeout``.
+
+    Returns:
+        The ``on_commit`` callbacks it registered (Django's entries), taken
+        out of the connection's list: the inbox runs them after the commit.
 
     Raises:
         HandlerTimeout: it ran longer than its ``timeout`` (even if it caught
             the exception and returned).
         TransactionBroken: it returned, but its writes cannot commit.
-        Exception: what it raised.
+        Exception: what it raised (the rollback of its savepoint or
+            transaction discards its callbacks).
     """
     connection = connections[alias]
+    start = len(connection.run_on_commit)
     if consumer.timeout is None:
         consumer.fn(event_for(context), context)
     else:
@@ -367,6 +480,333 @@ def _run(consumer: Consumer, context: ConsumeContext, alias: str) -> None:
     broken = transaction_broken(connection)
     if broken:
         raise TransactionBroken(f"the consumer {broken}")
+    callbacks = connection.run_on_commit[start:]
+    del connection.run_on_commit[start:]
+    return callbacks
+
+
+def _after_commit(ran: list[_Ran], alias: str) -> Tally:
+    """Run the callbacks of ``ran``, whose transaction committed, in the
+    order they were registered, each guarded: a raising one fails its message
+    (recorded as a failed attempt; the consumer's writes stay), a raising
+    ``robust`` one is logged (Django's rule), and the others run all the
+    same. Inside a caller's transaction they are handed back to Django, which
+    runs them at its commit."""
+    tally = Tally()
+    if connections[alias].in_atomic_block:
+        for run in ran:
+            for _, callback, robust in run.callbacks:
+                transaction.on_commit(callback, using=alias, robust=robust)
+        return tally
+    for run in ran:
+        error = None
+        for _, callback, robust in run.callbacks:
+            try:
+                callback()
+            except Exception as exc:
+                if robust:
+                    logger.error(
+                        "%s: a robust on_commit callback of message %s raised: %s",
+                        run.consumer.name,
+                        run.row.message_id,
+                        exc,
+                        exc_info=True,
+                    )
+                elif error is None:
+                    error = exc
+        if error is None:
+            continue
+        try:
+            failed = _failed(
+                run.consumer,
+                run.row,
+                run.body,
+                error,
+                alias,
+                attempt=run.row.attempts,
+                insert=False,
+                note="its on_commit callback raised; the consumer's writes committed",
+            )
+        except DatabaseError:
+            logger.exception(
+                "%s: message %s: could not record that its on_commit callback "
+                "raised (%s); it stays HANDLED",
+                run.consumer.name,
+                run.row.message_id,
+                error,
+            )
+            continue
+        tally.handled -= 1
+        tally += failed
+    return tally
+
+
+def retry_due(
+    consumers: Sequence[Consumer],
+    *,
+    limit: int = 100,
+    now: datetime.datetime | None = None,
+    using: str | None = None,
+) -> Tally:
+    """Run the FAILED messages of ``consumers`` that are due again, oldest due
+    first, each in its own transaction holding its row's lock (another
+    ``consume`` process skips it), then its ``on_commit`` callbacks; at most
+    ``limit``. A consumer takes only the messages of types it receives (a
+    message kept for another version of it waits for that version). An
+    ordered consumer's message waits while an earlier one of its aggregate is
+    FAILED or PARKED.
+
+    Returns:
+        What happened (``handled``, ``failed``, ``parked``).
+    """
+    alias = using or router.db_for_write(InboxMessage)
+    by_name = {c.name: c for c in consumers}
+    tally = Tally()
+    if not by_name:
+        return tally
+    theirs = functools.reduce(
+        operator.or_,
+        (
+            Q(consumer=c.name)
+            if c.event_types is None
+            # "": an undecodable message, requeued: it is parked again.
+            else Q(consumer=c.name, event_type__in=sorted({*c.event_types, ""}))
+            for c in by_name.values()
+        ),
+    )
+    earlier = InboxMessage.objects.filter(
+        consumer=OuterRef("consumer"),
+        aggregate_type=OuterRef("aggregate_type"),
+        aggregate_id=OuterRef("aggregate_id"),
+        state__in=UNFINISHED,
+        id__lt=OuterRef("id"),
+    )
+    ordered = [name for name, c in by_name.items() if c.ordered]
+    runnable = theirs & (
+        ~Q(consumer__in=ordered) | Q(aggregate_id="") | ~Exists(earlier)
+    )
+    for _ in range(limit):
+        moment = now or timezone.now()
+        due = (
+            InboxMessage.objects.using(alias)
+            .filter(runnable, state=InboxState.FAILED, next_retry_at__lte=moment)
+            .order_by("next_retry_at", "id")
+        )
+        # The row stays locked until its outcome is written: no other consume
+        # process runs it meanwhile. The consumer runs in a savepoint, so a
+        # failure undoes its writes only.
+        with transaction.atomic(using=alias):
+            row = due.select_for_update(skip_locked=True).first()
+            if row is None:
+                return tally
+            consumer, body = by_name[row.consumer], row.body
+            try:
+                with transaction.atomic(using=alias):
+                    envelope = parse(body)
+                    context = context_for(
+                        envelope, consumer, row.queue, row.attempts + 1
+                    )
+                    callbacks = _run(consumer, context, alias)
+            except Exception as exc:
+                tally += _failed(
+                    consumer,
+                    row,
+                    body,
+                    exc,
+                    alias,
+                    attempt=row.attempts + 1,
+                    insert=False,
+                )
+                continue
+            row.state, row.attempts = InboxState.HANDLED, row.attempts + 1
+            row.handled_at = row.updated_at = timezone.now()
+            row.next_retry_at, row.body = None, ""
+            row.save(using=alias)
+        tally.handled += 1
+        tally += _after_commit([_Ran(consumer, row, body, callbacks)], alias)
+    return tally
+
+
+def _bytes(body: bytes | str) -> bytes:
+    """A body kombu handed over decoded, as bytes (a lone surrogate kept as
+    bytes no UTF-8 decoder takes: the body is undecodable)."""
+    return body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+
+
+def _columns(envelope: dict) -> dict[str, str]:
+    """The inbox columns of ``envelope``'s attributes (:data:`COLUMNS`; an
+    absent optional one: empty).
+
+    Raises:
+        UndecodableMessage: an attribute the inbox cannot store, named.
+    """
+    columns = {}
+    for attribute, column in COLUMNS.items():
+        value = envelope.get(attribute)
+        value = "" if value is None else value
+        problem = _unstorable(value, column)
+        if problem:
+            raise UndecodableMessage(
+                f"the inbox cannot store this CloudEvent: {attribute} {problem}"
+            )
+        columns[column] = value
+    return columns
+
+
+def _unstorable(value: Any, column: str) -> str | None:
+    """Why ``value`` cannot be stored in the InboxMessage ``column`` as it
+    is (never silently changed: it is a key or what an operator looks for),
+    or None."""
+    if not isinstance(value, str):
+        return f"is not a string ({type(value).__name__})"
+    if "\x00" in value:
+        return "holds a NUL character"
+    if not value.isascii() and storable(value) != value:
+        return "holds a lone surrogate"
+    limit = InboxMessage._meta.get_field(column).max_length
+    if len(value) > limit:
+        return f"is {len(value)} characters long (the inbox stores {limit})"
+    return None
+
+
+def _parked_key(
+    envelope: dict | None, body: bytes, message_id: str | None
+) -> tuple[str, str]:
+    """``(source, message id)`` of an undecodable message's rows: the
+    CloudEvent's own when it has a usable pair, else the broker's message id
+    with no source, else the body's SHA-256."""
+    if envelope is not None and not (
+        _unstorable(envelope.get("source"), "source")
+        or _unstorable(envelope.get("id"), "message_id")
+    ):
+        return envelope["source"], envelope["id"]
+    if message_id is not None and not _unstorable(message_id, "message_id"):
+        return "", message_id
+    return "", hashlib.sha256(body).hexdigest()
+
+
+def _sourceless(pairs: set[tuple[str, str]], alias: str) -> set[tuple[str, str]]:
+    """Which of ``pairs`` (consumer, message id) have a row recorded without
+    a source (by a version that did not keep it): that row is the message's,
+    whatever its source. An undecodable message's row (keyed by the broker's
+    id) is not. One query."""
+    if not pairs:
+        return set()
+    found = (
+        InboxMessage.objects.using(alias)
+        .filter(
+            source="",
+            consumer__in={name for name, _ in pairs},
+            message_id__in={message_id for _, message_id in pairs},
+        )
+        .exclude(last_error_type=UNDECODABLE)
+        .values_list("consumer", "message_id")
+    )
+    return set(found) & pairs
+
+
+def _row(name: str, columns: dict[str, str], queue: str, now, **values) -> InboxMessage:
+    """The HANDLED inbox row of a first run (the rollback takes it away if
+    the consumer fails), or with ``values`` instead."""
+    fields_ = {
+        "state": InboxState.HANDLED,
+        "attempts": 1,
+        "handled_at": now,
+        **values,
+    }
+    return InboxMessage(
+        consumer=name,
+        queue=storable(queue)[:255],
+        received_at=now,
+        updated_at=now,
+        **columns,
+        **fields_,
+    )
+
+
+def _kept_row(name: str, columns, queue: str, body: bytes, now) -> InboxMessage:
+    """The row of a message kept for ``name``, a recorded consumer this
+    process lacks: FAILED, due now, no attempt counted, the body kept."""
+    return _row(
+        name,
+        columns,
+        queue,
+        now,
+        state=InboxState.FAILED,
+        attempts=0,
+        handled_at=None,
+        next_retry_at=now,
+        body=storable(body),
+        last_error=(
+            f"kept for the consumer {name}: this consume process does not have "
+            "it (another version of the code does); a process that has it runs it"
+        ),
+    )
+
+
+def _keep(row: InboxMessage, alias: str) -> Tally:
+    """Insert ``row`` (:func:`_kept_row`); a duplicate if it is there."""
+    try:
+        with transaction.atomic(using=alias):
+            row.save(using=alias, force_insert=True)
+    except IntegrityError as exc:
+        if violated_constraint(exc, InboxMessage) == UNIQUE:
+            return Tally(duplicates=1)
+        raise
+    _log_kept([row])
+    return Tally(deferred=1)
+
+
+def _log_kept(rows: list[InboxMessage]) -> None:
+    names = sorted({row.consumer for row in rows})
+    if names:
+        logger.warning(
+            "%d message(s) kept for %s, which this consume process lacks "
+            "(recorded by another one): a process that has it runs them",
+            len(rows),
+            ", ".join(names),
+        )
+
+
+def _first(
+    consumer: Consumer,
+    envelope: dict,
+    columns: dict[str, str],
+    body: bytes,
+    queue: str,
+    alias: str,
+    failure: Exception | None,
+    ran: list[_Ran],
+) -> Tally:
+    """The first run of a message for ``consumer``: the inbox row first, then
+    the consumer, in one transaction. ``failure``: what the consumer raised
+    for it already (see :func:`receive`)."""
+    now = timezone.now()
+    row = _row(consumer.name, columns, queue, now)
+    context = context_for(envelope, consumer, queue, attempt=1)
+    try:
+        with transaction.atomic(using=alias):
+            row.save(using=alias, force_insert=True)  # first: a duplicate stops here
+            if consumer.ordered and _held_back([row], alias):
+                row.state, row.attempts, row.handled_at = InboxState.FAILED, 0, None
+                row.next_retry_at, row.body, row.last_error = (
+                    now,
+                    storable(body),
+                    WAITING,
+                )
+                row.save(using=alias)
+                return Tally(waiting=1)
+            if failure is not None:
+                raise failure
+            callbacks = _run(consumer, context, alias)
+    except IntegrityError as exc:
+        if violated_constraint(exc, InboxMessage) == UNIQUE:
+            return Tally(duplicates=1)
+        return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
+    except Exception as exc:
+        return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
+    ran.append(_Ran(consumer, row, body, callbacks))
+    return Tally(handled=1)
 
 
 def _expired(envelope: dict, now: datetime.datetime) -> bool:
@@ -383,124 +823,6 @@ def _expired(envelope: dict, now: datetime.datetime) -> bool:
         expires.isoformat(),
     )
     return True
-
-
-def _row(consumer: Consumer, envelope: dict, queue: str, now) -> InboxMessage:
-    """The HANDLED inbox row of a first run (the rollback takes it away if
-    the consumer fails)."""
-    return InboxMessage(
-        consumer=consumer.name,
-        message_id=envelope["id"][:255],
-        queue=queue[:255],
-        event_type=envelope["type"][:255],
-        aggregate_type=str(envelope.get("aggregatetype") or "")[:150],
-        aggregate_id=str(envelope.get("subject") or "")[:255],
-        state=InboxState.HANDLED,
-        attempts=1,
-        received_at=now,
-        handled_at=now,
-        updated_at=now,
-    )
-
-
-def _first(
-    consumer: Consumer,
-    envelope: dict,
-    body: bytes,
-    queue: str,
-    alias: str,
-    failure: Exception | None = None,
-) -> Tally:
-    """The first run of a message for ``consumer``: the inbox row first, then
-    the consumer, in one transaction. ``failure``: what the consumer raised
-    for it already (see :func:`receive`)."""
-    now = timezone.now()
-    row = _row(consumer, envelope, queue, now)
-    context = context_for(envelope, consumer, queue, attempt=1)
-    try:
-        with transaction.atomic(using=alias):
-            row.save(using=alias, force_insert=True)  # first: a duplicate stops here
-            if consumer.ordered and _held_back([row], alias):
-                row.state, row.attempts, row.handled_at = InboxState.FAILED, 0, None
-                row.next_retry_at, row.body, row.last_error = now, _text(body), WAITING
-                row.save(using=alias)
-                return Tally(waiting=1)
-            if failure is not None:
-                raise failure
-            _run(consumer, context, alias)
-    except IntegrityError as exc:
-        if violated_constraint(exc, InboxMessage) == UNIQUE:
-            return Tally(duplicates=1)
-        return _failed(consumer, row, body, exc, alias, new=True)
-    except Exception as exc:
-        return _failed(consumer, row, body, exc, alias, new=True)
-    return Tally(handled=1)
-
-
-def retry_due(
-    consumers: Sequence[Consumer],
-    *,
-    limit: int = 100,
-    now: datetime.datetime | None = None,
-    using: str | None = None,
-) -> Tally:
-    """Run the FAILED messages of ``consumers`` that are due again, oldest due
-    first, each in its own transaction holding its row's lock (another
-    ``consume`` process skips it), at most ``limit``. An ordered consumer's
-    message waits while an earlier one of its aggregate is FAILED or PARKED.
-
-    Returns:
-        What happened (``handled``, ``failed``, ``parked``).
-    """
-    alias = using or router.db_for_write(InboxMessage)
-    by_name = {c.name: c for c in consumers}
-    tally = Tally()
-    ordered = [name for name, c in by_name.items() if c.ordered]
-    earlier = InboxMessage.objects.filter(
-        consumer=OuterRef("consumer"),
-        aggregate_type=OuterRef("aggregate_type"),
-        aggregate_id=OuterRef("aggregate_id"),
-        state__in=UNFINISHED,
-        id__lt=OuterRef("id"),
-    )
-    runnable = (
-        Q(consumer__in=[n for n in by_name if n not in ordered])
-        | Q(consumer__in=ordered, aggregate_id="")
-        | (Q(consumer__in=ordered) & ~Exists(earlier))
-    )
-    for _ in range(limit):
-        moment = now or timezone.now()
-        due = (
-            InboxMessage.objects.using(alias)
-            .filter(runnable, state=InboxState.FAILED, next_retry_at__lte=moment)
-            .order_by("next_retry_at", "id")
-        )
-        # The row stays locked until its outcome is written: no other consume
-        # process runs it meanwhile. The consumer runs in a savepoint, so a
-        # failure undoes its writes only.
-        with transaction.atomic(using=alias):
-            row = due.select_for_update(skip_locked=True).first()
-            if row is None:
-                return tally
-            consumer = by_name[row.consumer]
-            try:
-                with transaction.atomic(using=alias):
-                    envelope = parse(row.body)
-                    context = context_for(
-                        envelope, consumer, row.queue, row.attempts + 1
-                    )
-                    _run(consumer, context, alias)
-            except Exception as exc:
-                tally += _failed(
-                    consumer, row, row.body.encode(), exc, alias, new=False
-                )
-                continue
-            row.state, row.attempts = InboxState.HANDLED, row.attempts + 1
-            row.handled_at = row.updated_at = timezone.now()
-            row.next_retry_at, row.body = None, ""
-            row.save(using=alias)
-        tally.handled += 1
-    return tally
 
 
 def _held_back(rows: list[InboxMessage], alias: str) -> bool:
@@ -523,16 +845,17 @@ def _held_back(rows: list[InboxMessage], alias: str) -> bool:
 def _failed(
     consumer: Consumer,
     row: InboxMessage,
-    body: bytes,
+    body: bytes | str,
     error: BaseException,
     alias: str,
     *,
-    new: bool,
+    attempt: int,
+    insert: bool,
+    note: str = "",
 ) -> Tally:
-    """Record a failed run of ``row`` (rolled back): FAILED, due again after
-    the backoff, or PARKED when out of attempts. ``new``: the first run, whose
-    row the rollback took away."""
-    attempt = row.attempts if new else row.attempts + 1
+    """Record failed attempt ``attempt`` of ``row``: FAILED, due again after
+    the backoff, or PARKED when out of attempts. ``insert``: the row is gone
+    with the rollback of a first run (else it is updated by id)."""
     now = timezone.now()
     retry_at = consumer.policy().retry_at(error, attempt, now)
     message, error_type, text = recorded_error(error)
@@ -541,7 +864,7 @@ def _failed(
         "attempts": attempt,
         "next_retry_at": retry_at,
         "handled_at": None,
-        "body": _text(body),
+        "body": storable(body),
         "last_error": message,
         "last_error_type": error_type,
         "last_traceback": text,
@@ -551,7 +874,7 @@ def _failed(
         setattr(row, name, value)
     try:
         with transaction.atomic(using=alias):
-            if new:
+            if insert:
                 row.id = None
                 row.save(using=alias, force_insert=True)
             else:
@@ -562,12 +885,13 @@ def _failed(
     level = logging.WARNING if retry_at else logging.ERROR
     logger.log(
         level,
-        "%s: message %s (%s) %s after attempt %d: %s",
+        "%s: message %s (%s) %s after attempt %d%s: %s",
         consumer.name,
         row.message_id,
         row.event_type,
         f"failed, retry at {retry_at.isoformat()}" if retry_at else "PARKED",
         attempt,
+        f" ({note})" if note else "",
         error,
         extra={"consumer": consumer.name, "message_id": row.message_id},
     )
@@ -576,34 +900,33 @@ def _failed(
 
 def _park_undecodable(
     consumer: Consumer,
+    source: str,
     key: str,
     body: bytes,
     queue: str,
     error: UndecodableMessage,
     alias: str,
-) -> int:
+) -> Tally:
+    """Park an undecodable message for ``consumer`` (a duplicate if it is
+    parked already)."""
     now = timezone.now()
     try:
         with transaction.atomic(using=alias):
             InboxMessage.objects.using(alias).create(
                 consumer=consumer.name,
-                message_id=key[:255],
-                queue=queue[:255],
+                source=source,
+                message_id=key,
+                queue=storable(queue)[:255],
                 state=InboxState.PARKED,
-                body=_text(body),
-                last_error=str(error),
-                last_error_type=dotted_path(UndecodableMessage),
+                body=storable(body),
+                last_error=storable(str(error)),
+                last_error_type=UNDECODABLE,
                 received_at=now,
                 updated_at=now,
             )
     except IntegrityError:
-        return 0
+        return Tally(duplicates=1)
     logger.error(
         "%s: undecodable message %s on %s PARKED: %s", consumer.name, key, queue, error
     )
-    return 1
-
-
-def _text(body: bytes) -> str:
-    """The body as stored text (PostgreSQL text cannot hold NUL)."""
-    return body.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+    return Tally(parked=1)

@@ -13,9 +13,14 @@ Each queue is declared durable and bound to ``OUTBOX_INBOX_EXCHANGE`` with its
 consumers' bindings. The broker sends up to ``OUTBOX_INBOX_PREFETCH`` messages
 ahead of the acks (RabbitMQ ``basic.qos``; kombu's Redis transport keeps that
 many unacked). A database error leaves the message unacknowledged and handed
-back (``requeue``), and the loop waits before the next one; a broker error
-reconnects with a capped backoff. SIGTERM/SIGINT (``stop``) finishes the
+back (``requeue``), and the loop waits before the next one; a broker that is
+unreachable (at start too) or drops the connection is retried with a capped
+backoff, one log line per attempt. SIGTERM/SIGINT (``stop``) finishes the
 message in hand and returns.
+
+Before it consumes, and every ``HEARTBEAT_SECONDS``, the process records its
+consumers (:func:`~outbox_app.inbox.recorded.record`), so that processes of
+another version keep the messages of consumers they lack.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, connections, router
 from kombu import Connection, Exchange, Queue, binding
+from kombu.exceptions import OperationalError
 
 from ..conf import mask_url, outbox_settings
 from ..models import InboxMessage
+from ..querysets import HEARTBEAT_SECONDS
+from . import recorded
 from .receive import Tally, receive_batch, retry_due
 from .registry import Consumer
 
@@ -81,6 +89,8 @@ class ConsumeWorker:
         self.alias = router.db_for_write(InboxMessage)
         self._last_message = time.monotonic()
         self._database_failures = 0
+        self._broker_failures = 0
+        self._recorded_at: float | None = None
         self._pending: list[tuple[str, object]] = []
 
     def queues(self) -> list[Queue]:
@@ -111,24 +121,54 @@ class ConsumeWorker:
             The counts of this run.
         """
         started = time.monotonic()
-        failures = 0
-        broker_errors = (OSError, *Connection(self.url).connection_errors)
+        # OperationalError: kombu's wrapping of a connection refused while
+        # connecting (ensure_connection).
+        broker_errors = (
+            OSError,
+            OperationalError,
+            *Connection(self.url).connection_errors,
+        )
         while not self._done(started):
+            if not self._record():
+                continue
             try:
                 with Connection(self.url) as connection:
                     self._consume(connection, started)
                 break
             except broker_errors as exc:
-                failures += 1
-                delay = min(MAX_BACKOFF, 0.5 * 2 ** (failures - 1))
+                # Unacknowledged on a lost connection: the broker sends them
+                # again.
+                self._pending = []
+                self._broker_failures += 1
+                delay = min(MAX_BACKOFF, 0.5 * 2 ** (self._broker_failures - 1))
                 logger.error(
-                    "consume: broker unreachable (%s), reconnecting in %.1f s",
+                    "consume: broker unreachable (attempt %d: %s), reconnecting "
+                    "in %.1f s",
+                    self._broker_failures,
                     mask_url(str(exc)),
                     delay,
                 )
                 self.stop.wait(delay)
         logger.info("consume stopped: %s", self.tally)
         return self.tally
+
+    def _record(self) -> bool:
+        """Record this process's consumers when due (first, then every
+        ``HEARTBEAT_SECONDS``). False when the database failed (logged; the
+        loop waits)."""
+        now = time.monotonic()
+        if (
+            self._recorded_at is not None
+            and now - self._recorded_at < HEARTBEAT_SECONDS
+        ):
+            return True
+        try:
+            recorded.record(self.consumers, self.alias)
+        except DatabaseError as exc:
+            self._database_down(exc)
+            return False
+        self._recorded_at = now
+        return True
 
     def _consume(self, connection: Connection, started: float) -> None:
         connection.ensure_connection(max_retries=1)
@@ -144,6 +184,7 @@ class ConsumeWorker:
         ]
         for kombu_consumer in kombu_consumers:
             kombu_consumer.consume()
+        self._broker_failures = 0
         logger.info(
             "consume ready: queues %s on %s, prefetch %d, consumers %s",
             ", ".join(self.by_queue),
@@ -164,6 +205,7 @@ class ConsumeWorker:
                 if time.monotonic() >= next_retry:
                     next_retry = time.monotonic() + RETRY_EVERY
                     self._retry()
+                    self._record()
         finally:
             for kombu_consumer in kombu_consumers:
                 kombu_consumer.cancel()
@@ -213,7 +255,7 @@ class ConsumeWorker:
         self._database_failures += 1
         delay = min(MAX_BACKOFF, 0.5 * 2 ** (self._database_failures - 1))
         logger.error(
-            "consume: database error (%s); message handed back, waiting %.1f s",
+            "consume: database error (%s); messages handed back, waiting %.1f s",
             exc,
             delay,
         )

@@ -17,9 +17,11 @@ import threading
 
 
 class TcpProxy:
-    def __init__(self, upstream: tuple[str, int]):
+    """Forwards ``127.0.0.1:port`` (default: a free port) to ``upstream``."""
+
+    def __init__(self, upstream: tuple[str, int], port: int = 0):
         self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.connections = 0  # accepted and forwarded, for assertions
         self._lock = threading.Lock()

@@ -4,8 +4,10 @@ Redis, ``manage.py consume`` processes consume, on every database."""
 from __future__ import annotations
 
 import decimal
+import json
 import re
 import signal
+import socket
 
 import pytest
 from django.db import transaction
@@ -17,7 +19,8 @@ from outbox_app.operations import replay_to
 from outbox_app.publishers import cloudevents
 from outbox_app.registry import close_publishers
 from outbox_app.states import InboxState
-from tests.brokers.conftest import context
+from tests.brokers.conftest import RABBITMQ, context
+from tests.brokers.proxy import TcpProxy
 from tests.processes import Watched, kill_other_connections, spawn, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
@@ -32,11 +35,17 @@ def _close_publishers():
 
 
 def consume(
-    broker, exchange: str, queue: str, *args: str, url: str | None = None, **env: str
+    broker,
+    exchange: str,
+    queue: str,
+    *args: str,
+    url: str | None = None,
+    ready: bool = True,
+    **env: str,
 ) -> Watched:
-    """``manage.py consume ARGS`` of ``tests/testapp/consumers.py``'s consumer
+    """``manage.py consume ARGS`` of ``tests/testapp/consumers.py``'s consumers
     on ``queue``, bound to ``exchange``, reading from ``url`` (default the
-    broker's); returned once it is ready."""
+    broker's); returned once it is ready (unless ``ready`` is false)."""
     broker.delete_later(queue)
     process = Watched(
         spawn(
@@ -50,7 +59,8 @@ def consume(
             **env,
         )
     )
-    wait_for(lambda: process.has("consume ready"), 30, "consume to be ready")
+    if ready:
+        wait_for(lambda: process.has("consume ready"), 30, "consume to be ready")
     return process
 
 
@@ -66,14 +76,27 @@ def publish_through(settings, broker, exchange: str, orders: range) -> list:
     return rows
 
 
-def send(broker, exchange: str, order_id: int) -> str:
-    """Publish one OrderPlaced as the relay would, straight to ``exchange``
-    (no database write in this process: on SQLite a consumer inside its
-    transaction holds the only write lock). Returns its message id."""
-    message = context(order_id, payload={"order_id": order_id, "total": "1.00"})
+def send(
+    broker,
+    exchange: str,
+    order_id: int,
+    event_type: str = "OrderPlaced",
+    **attributes,
+) -> str:
+    """Publish one OrderPlaced (or ``event_type``) as the relay would,
+    straight to ``exchange`` (no database write in this process: on SQLite a
+    consumer inside its transaction holds the only write lock), its CloudEvents
+    ``attributes`` replaced (JSON of Python's encoder, as a foreign producer
+    may write). Returns its message id."""
+    message = context(
+        order_id, event_type=event_type, payload={"order_id": order_id, "total": "1.00"}
+    )
+    body = cloudevents.body(message)
+    if attributes:
+        body = json.dumps({**json.loads(body), **attributes}).encode()
     producer = Producer(broker.channel, exchange=broker.exchange(exchange))
     producer.publish(
-        cloudevents.body(message),
+        body,
         routing_key="shop.Order.OrderPlaced",
         content_type=cloudevents.CONTENT_TYPE,
         message_id=str(message.event_id),
@@ -82,8 +105,24 @@ def send(broker, exchange: str, order_id: int) -> str:
     return str(message.event_id)
 
 
-def effects() -> int:
-    return SideEffect.objects.filter(handler="tests.inbox").count()
+def effects(handler: str = "tests.inbox") -> int:
+    return SideEffect.objects.filter(handler=handler).count()
+
+
+def positions(handler: str) -> list[int]:
+    return sorted(
+        SideEffect.objects.filter(handler=handler).values_list("position", flat=True)
+    )
+
+
+def stopped(process: Watched) -> dict[str, int]:
+    """The counts of ``consume``'s last line, "consume stopped: handled 3, ..."."""
+    line = re.search(r"consume stopped: (.*)", process.text())
+    assert line, process.text()
+    return {
+        name: int(count)
+        for name, count in (field.rsplit(" ", 1) for field in line[1].split(", "))
+    }
 
 
 @pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
@@ -234,3 +273,151 @@ def test_a_database_connection_lost_mid_batch__messages_handed_back_and_run_once
     assert consumer.has("consume: database error"), consumer.text()
     handled = InboxMessage.objects.get()
     assert (handled.message_id, handled.state) == (message_id, InboxState.HANDLED)
+
+
+def test_a_raising_on_commit_callback_fails_its_message_and_consume_goes_on(
+    rabbitmq, unique
+):
+    """Order 3's callback raises on its first attempt: its message is FAILED
+    (the consumer's write committed), retried from the database (the
+    consumer runs again: idempotent), and handled; every other callback ran,
+    and the process keeps running."""
+    consumer = consume(
+        rabbitmq,
+        unique,
+        f"{unique}-in",
+        "--idle-exit",
+        "4",
+        OUTBOX_TEST_CONSUMER_CALLBACK_FAILS="3",
+        OUTBOX_TEST_RETRY_BASE="0.05",
+        OUTBOX_TEST_RETRY_MAX="0.1",
+    )
+    try:
+        ids = [send(rabbitmq, unique, n) for n in range(6)]
+        consumer.process.wait(60)
+    finally:
+        code = consumer.stop()
+    assert code == 0, consumer.text()
+    assert positions("tests.inbox") == list(range(6))
+    assert positions("tests.inbox.after") == list(range(6))
+    third = InboxMessage.objects.get(message_id=ids[3])
+    assert (third.state, third.attempts) == (InboxState.HANDLED, 2)
+    assert third.last_error == "the callback of order 3 failed"  # history
+    assert stopped(consumer)["handled"] == 6, consumer.text()
+
+
+def test_poison_input_through_consume_is_parked_readably_and_the_rest_handled(
+    rabbitmq, unique
+):
+    """A consumer raising text no column can hold (a lone surrogate, NUL),
+    and a CloudEvent whose subject holds NUL: both PARKED with readable
+    text, the other messages handled, consume never stops."""
+    consumer = consume(
+        rabbitmq,
+        unique,
+        f"{unique}-in",
+        "--idle-exit",
+        "4",
+        OUTBOX_TEST_CONSUMER_GARBLED="2",
+        OUTBOX_TEST_RETRY_BASE="0.05",
+        OUTBOX_TEST_RETRY_MAX="0.1",
+    )
+    try:
+        for n in range(5):
+            send(rabbitmq, unique, n)
+        poison = send(rabbitmq, unique, 9, subject="4\x002")
+        send(rabbitmq, unique, 5)
+        consumer.process.wait(60)
+    finally:
+        code = consumer.stop()
+    assert code == 0, consumer.text()
+    assert positions("tests.inbox") == [0, 1, 3, 4, 5]
+    garbled = InboxMessage.objects.get(last_error_type="builtins.ValueError")
+    assert (garbled.state, garbled.attempts) == (InboxState.PARKED, 2)
+    assert garbled.last_error == "order 2 is \\udcff\\x00 garbled"
+    undecodable = InboxMessage.objects.get(message_id=poison)
+    assert undecodable.state == InboxState.PARKED
+    assert "subject holds a NUL character" in undecodable.last_error
+
+
+def test_a_rolling_deploy_keeps_the_messages_of_a_consumer_only_new_code_has(
+    rabbitmq, unique
+):
+    """``tests.audit`` exists in the new code only. A process of the old
+    code never acknowledges its messages as ignored: they are kept as its
+    inbox rows (FAILED, due) until a process of the new code runs them, and
+    the old code's own consumer runs as before; then both run side by side."""
+    queue = f"{unique}-in"
+    both = {"OUTBOX_TEST_CONSUMERS": "tests.inbox,tests.audit"}
+    new = consume(rabbitmq, unique, queue, **both)  # records its consumers
+    assert new.stop() == 0, new.text()
+    old = consume(rabbitmq, unique, queue)
+    try:
+        for n in range(100):
+            send(rabbitmq, unique, n)
+            send(rabbitmq, unique, 1000 + n, event_type="ParcelSent")
+        wait_for(lambda: effects() == 100, 60, "the old code's consumer")
+        kept = InboxMessage.objects.filter(consumer="tests.audit")
+        wait_for(lambda: kept.count() == 200, 30, "tests.audit's messages kept")
+        assert effects("tests.audit") == 0
+        waiting = kept.first()
+        assert (waiting.state, waiting.attempts) == (InboxState.FAILED, 0)
+        assert "tests.audit" in waiting.last_error and waiting.body
+        new = consume(rabbitmq, unique, queue, **both)
+        try:
+            for n in range(100, 200):
+                send(rabbitmq, unique, n)
+                send(rabbitmq, unique, 1000 + n, event_type="ParcelSent")
+            wait_for(
+                lambda: effects("tests.audit") == 400 and effects() == 200,
+                90,
+                "every message run once by each consumer",
+            )
+        finally:
+            assert new.stop() == 0, new.text()
+    finally:
+        assert old.stop() == 0, old.text()
+    assert positions("tests.audit") == sorted([*range(200), *range(1000, 1200)])
+    assert positions("tests.inbox") == list(range(200))
+    assert stopped(old)["ignored"] == 0, old.text()
+    assert not InboxMessage.objects.exclude(state=InboxState.HANDLED).exists()
+
+
+def test_consume_started_while_the_broker_refuses_connections_waits_for_it(
+    rabbitmq, unique
+):
+    """Started against a closed port: one log line per attempt, backing off,
+    until the broker is there (a proxy opened on that port later); then it
+    consumes what was published meanwhile."""
+    queue = f"{unique}-in"
+    rabbitmq.bind(queue, unique, expires=False)  # the messages wait in it
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]
+    consumer = consume(
+        rabbitmq,
+        unique,
+        queue,
+        url=f"amqp://guest:guest@127.0.0.1:{port}//",
+        ready=False,
+    )
+    proxy = None
+    try:
+        for n in range(3):
+            send(rabbitmq, unique, n)
+        wait_for(
+            lambda: len(re.findall("broker unreachable", consumer.text())) >= 3,
+            30,
+            "three attempts to connect",
+        )
+        assert consumer.process.poll() is None, consumer.text()
+        proxy = TcpProxy(RABBITMQ, port=port)
+        wait_for(lambda: effects() == 3, 60, "the messages published meanwhile")
+    finally:
+        code = consumer.stop()
+        if proxy is not None:
+            proxy.close()
+    assert code == 0, consumer.text()
+    delays = [
+        float(d) for d in re.findall(r"reconnecting in ([\d.]+) s", consumer.text())
+    ]
+    assert delays[:3] == [0.5, 1.0, 2.0], consumer.text()

@@ -16,69 +16,12 @@ from django.utils import timezone
 
 from outbox_app import HandlerTimeout, InboxMessage, UndecodableMessage
 from outbox_app.inbox import receive, receive_batch, retry_due
-from outbox_app.inbox.registry import consumer as register
-from outbox_app.inbox.registry import consumers, unregister_consumer
-from outbox_app.publishers.cloudevents import body
 from outbox_app.states import InboxState
-from outbox_app.subscribers import DeliveryContext
+from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-QUEUE = "tests.inbox"
-LATER = datetime.timedelta(hours=1)
-
-
-def message(
-    order_id: int = 1,
-    *,
-    event_id: uuid.UUID | None = None,
-    aggregate: str = "1",
-    event_type: str = "OrderPlaced",
-    payload: dict | None = None,
-    expires_at: datetime.datetime | None = None,
-) -> bytes:
-    """A message as outbox_app's KombuPublisher sends it."""
-    context = DeliveryContext(
-        event_id=event_id or uuid.uuid4(),
-        namespace="shop",
-        event_type=event_type,
-        revision=1,
-        payload=payload or {"order_id": order_id, "total": "9.99"},
-        aggregate_type="shop.Order",
-        aggregate_id=aggregate,
-        aggregate_version=None,
-        headers={"correlation_id": "req-1"},
-        tenant_id=None,
-        action_id=None,
-        occurred_at=timezone.now(),
-        attempt=1,
-        subscriber="rabbitmq",
-        notification_id=1,
-        expires_at=expires_at,
-    )
-    return body(context)
-
-
-@pytest.fixture
-def consumer():
-    """Register consumers on QUEUE for one test."""
-    names = []
-
-    def add(*types, name, **options):
-        def decorate(fn):
-            register(*types, queue=options.pop("queue", QUEUE), name=name, **options)(
-                fn
-            )
-            names.append(name)
-            return fn
-
-        return decorate
-
-    yield add
-    for name in names:
-        unregister_consumer(name)
 
 
 @pytest.fixture
@@ -99,10 +42,6 @@ def recorded(consumer):
     record.failing = set()
     record.seen = seen
     return record
-
-
-def mine():
-    return consumers([QUEUE])
 
 
 def test_a_message_is_handled_once_however_often_it_arrives(recorded):
@@ -338,10 +277,6 @@ def test_outbox_status_and_prometheus_count_the_inbox(recorded):
     assert 'outbox_inbox_messages{consumer="record",state="failed"} 1.0' in text
 
 
-def batch_of(*bodies: bytes, queue: str = QUEUE) -> list[tuple[bytes, str, None]]:
-    return [(b, queue, None) for b in bodies]
-
-
 def test_a_batch_is_one_insert_and_its_duplicates_run_nothing(
     recorded, django_assert_max_num_queries
 ):
@@ -349,9 +284,11 @@ def test_a_batch_is_one_insert_and_its_duplicates_run_nothing(
     receive(before, QUEUE, mine())
     twice = message(2)
     bodies = [before, twice, message(3), twice, message(4)]
-    # The INSERT that skips the duplicates, one write per consumer call; no
-    # savepoint (the transaction's own BEGIN and COMMIT aside).
-    with django_assert_max_num_queries(1 + 3 + 2):
+    # The recorded consumers of the queue and the rows recorded without a
+    # source (a SELECT each), the INSERT that skips the duplicates, one write
+    # per consumer call; no savepoint (the transaction's own BEGIN and COMMIT
+    # aside).
+    with django_assert_max_num_queries(2 + 1 + 3 + 2):
         tally = receive_batch(batch_of(*bodies), {QUEUE: mine()})
     assert (tally.handled, tally.duplicates) == (3, 2)
     assert sorted(

@@ -74,6 +74,14 @@ def broken(event, context):
     raise ValueError(f"broken handler refuses event {context.event_id}")
 
 
+def garbled(event, context):
+    """Fails for every fifth order with text no column can hold (a lone
+    surrogate, a NUL character); records the others."""
+    if event.order_id % 5 == 0:
+        raise ValueError(f"order {event.order_id} is \udcff\x00 garbled")
+    _record("garbled", event, context)
+
+
 SETS = {
     "record": [
         ("record_a", OrderPlaced, record_a, {}),
@@ -88,6 +96,7 @@ SETS = {
     "hang": [("hang", OrderPlaced, hang, {})],
     "slow": [("slow", OrderPlaced, slow, {})],
     "broken": [("broken", OrderPlaced, broken, {})],
+    "garbled": [("garbled", OrderPlaced, garbled, {})],
 }
 
 

@@ -1,5 +1,7 @@
 """``manage.py outbox_subscribers``: list, record, retire and reactivate the
-subscriptions relays recorded (:class:`outbox_app.models.Subscription`)."""
+subscriptions relays recorded (:class:`outbox_app.models.Subscription`) and
+the consumers ``consume`` processes recorded
+(:class:`outbox_app.models.ConsumerSubscription`)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,18 @@ from django.db.models import Count
 from django.template.defaultfilters import pluralize
 from django.utils import timezone
 
-from outbox_app import operations, registry
+from outbox_app import inbox, operations, registry
 from outbox_app.exceptions import OutboxError
 from outbox_app.ids import worker_name
-from outbox_app.models import Notification, Subscription
+from outbox_app.inbox import recorded
+from outbox_app.models import (
+    ConsumerSubscription,
+    InboxMessage,
+    Notification,
+    Subscription,
+)
 from outbox_app.querysets import SERVED_SECONDS
-from outbox_app.states import UNFINISHED
+from outbox_app.states import INBOX_REQUEUEABLE, UNFINISHED
 from outbox_app.subscribers import WILDCARD
 
 
@@ -23,11 +31,15 @@ class Command(BaseCommand):
         "List the subscriptions relays recorded: one row per subscriber and event "
         "type, whether a running relay serves it (refreshed within "
         f"{SERVED_SECONDS // 60} minutes) and how many of its notifications are "
-        "unfinished. Fan-out creates notifications for every active subscription, "
-        "whichever relay runs it. --record records this code's subscribers now "
-        "(a deploy step, before relays of the new version start); --retire stops "
-        "fan-out to a subscriber that is gone from the code, saying what happens "
-        "to its waiting notifications; --reactivate undoes it."
+        "unfinished; and the consumers consume processes recorded, with their "
+        "failed and parked inbox messages. Fan-out creates notifications for "
+        "every active subscription, whichever relay runs it; a consume process "
+        "keeps a message for every active consumer of its queue that it lacks. "
+        "--record records this code's subscribers and consumers now (a deploy "
+        "step, before processes of the new version start); --retire stops "
+        "fan-out to a subscriber (or keeping messages for a consumer) that is "
+        "gone from the code, saying what happens to what waits for it; "
+        "--reactivate undoes it."
     )
 
     def add_arguments(self, parser):
@@ -35,14 +47,16 @@ class Command(BaseCommand):
         action.add_argument(
             "--record",
             action="store_true",
-            help="Record the handlers and publishers this project has (as a relay "
-            "does at start).",
+            help="Record the handlers, publishers and consumers this project has "
+            "(as a relay and consume do at start).",
         )
         action.add_argument(
-            "--retire", metavar="NAME", help="Retire the subscriber NAME."
+            "--retire", metavar="NAME", help="Retire the subscriber or consumer NAME."
         )
         action.add_argument(
-            "--reactivate", metavar="NAME", help="Reactivate the subscriber NAME."
+            "--reactivate",
+            metavar="NAME",
+            help="Reactivate the subscriber or consumer NAME.",
         )
         parser.add_argument(
             "--event-type",
@@ -54,13 +68,13 @@ class Command(BaseCommand):
             "--waiting",
             choices=operations.WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
-            "EXPIRED notifications (they become SKIPPED); 'keep' leaves them for a "
-            "relay that has the subscriber.",
+            "EXPIRED notifications (they become SKIPPED), or parks a consumer's "
+            "FAILED inbox messages; 'keep' leaves them for a process that has it.",
         )
         parser.add_argument(
             "--force",
             action="store_true",
-            help="Retire even while a running relay has the subscriber.",
+            help="Retire even while a running relay (or consume) has it.",
         )
         parser.add_argument(
             "--database",
@@ -72,43 +86,63 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         using = options["database"]
         rows = Subscription.objects.using(using)
+        consumers = ConsumerSubscription.objects.using(using)
         name = options["retire"] or options["reactivate"]
         if name:
             rows = rows.filter(subscriber=name)
+            consumers = consumers.filter(consumer=name)
             if options["event_type"]:
                 rows = rows.filter(event_type=options["event_type"])
-            if not rows.exists():
+                consumers = consumers.filter(event_type=options["event_type"])
+            if not rows.exists() and not consumers.exists():
                 raise CommandError(f"no subscription of {name!r} is recorded")
         elif options["event_type"] or options["waiting"]:
             raise CommandError("--event-type and --waiting go with --retire")
         if options["record"]:
             subscribers = registry.subscribers()
             rows.record(subscribers, f"outbox_subscribers {worker_name()}")
-            n = len(subscribers)
-            self.stdout.write(f"Recorded {n} subscriber{pluralize(n)}.")
+            found = inbox.consumers()
+            consumers.record(found, f"outbox_subscribers {worker_name()}")
+            n, m = len(subscribers), len(found)
+            self.stdout.write(
+                f"Recorded {n} subscriber{pluralize(n)} and {m} consumer{pluralize(m)}."
+            )
         elif options["retire"]:
             if options["waiting"] is None:
                 raise CommandError(
                     "--retire needs --waiting skip (give up its waiting "
                     "notifications) or --waiting keep (leave them)"
                 )
+            how = {
+                "waiting": options["waiting"],
+                "by": "manage.py outbox_subscribers",
+                "force": options["force"],
+            }
             try:
-                retired, skipped = operations.retire(
-                    rows,
-                    waiting=options["waiting"],
-                    by="manage.py outbox_subscribers",
-                    force=options["force"],
-                )
+                if rows.exists():
+                    retired, skipped = operations.retire(rows, **how)
+                    self.stdout.write(
+                        f"Retired {retired} subscriptions of {name}; "
+                        f"{skipped} waiting notifications skipped."
+                    )
+                if consumers.exists():
+                    retired, parked = recorded.retire(consumers, **how)
+                    self.stdout.write(
+                        f"Retired {retired} consumer subscriptions of {name}; "
+                        f"{parked} waiting inbox messages parked."
+                    )
             except OutboxError as exc:
                 raise CommandError(str(exc)) from exc
-            self.stdout.write(
-                f"Retired {retired} subscriptions of {name}; "
-                f"{skipped} waiting notifications skipped."
-            )
             return
         elif options["reactivate"]:
-            count = operations.reactivate(rows)
-            self.stdout.write(f"Reactivated {count} subscriptions of {name}.")
+            if rows.exists():
+                count = operations.reactivate(rows)
+                self.stdout.write(f"Reactivated {count} subscriptions of {name}.")
+            if consumers.exists():
+                count = consumers.reactivate()
+                self.stdout.write(
+                    f"Reactivated {count} consumer subscriptions of {name}."
+                )
             return
         self._table(using)
 
@@ -117,37 +151,42 @@ class Command(BaseCommand):
         subscriptions = list(
             Subscription.objects.using(using).order_by("subscriber", "event_type")
         )
-        if not subscriptions:
-            self.stdout.write("No subscription is recorded yet (no relay has run).")
+        consumers = list(
+            ConsumerSubscription.objects.using(using).order_by(
+                "consumer", "queue", "event_type"
+            )
+        )
+        if not subscriptions and not consumers:
+            self.stdout.write(
+                "No subscription is recorded yet (no relay nor consume has run)."
+            )
             return
-        unfinished = {
-            (row["subscriber"], row["event_type"]): row["n"]
-            for row in Notification.objects.using(using)
-            .filter(state__in=UNFINISHED)
-            .values("subscriber", "event_type")
-            .annotate(n=Count("id"))
-            .order_by()
-        }
+        unfinished = _counts(
+            Notification.objects.using(using), "subscriber", UNFINISHED
+        )
+        failing = _counts(
+            InboxMessage.objects.using(using), "consumer", INBOX_REQUEUEABLE
+        )
         columns = ["subscriber", "event type", "kind", "state", "last seen", "waiting"]
         lines = []
-        for s in subscriptions:
-            pair = (s.subscriber, s.event_type)
+        listed = [(s.subscriber, s.kind, s, unfinished) for s in subscriptions] + [
+            (c.consumer, f"consumer on {c.queue}", c, failing) for c in consumers
+        ]
+        for name, kind, s, counts in listed:
             if s.retired_at is not None:
                 state = "retired"
             else:
                 state = "served" if s.is_served(now) else "UNSERVED"
             if s.event_type == WILDCARD:
-                waiting = sum(
-                    n for (name, _), n in unfinished.items() if name == s.subscriber
-                )
+                waiting = sum(n for (key, _), n in counts.items() if key == name)
             else:
-                waiting = unfinished.get(pair, 0)
+                waiting = counts.get((name, s.event_type), 0)
             age = int((now - s.last_seen_at).total_seconds())
             lines.append(
                 [
-                    s.subscriber,
+                    name,
                     s.event_type,
-                    s.kind + (",ordered" if s.ordered else ""),
+                    kind + (",ordered" if s.ordered else ""),
                     state,
                     f"{age}s ago by {s.last_seen_by or '?'}",
                     str(waiting),
@@ -164,3 +203,14 @@ class Command(BaseCommand):
         for line in lines:
             text = "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
             self.stdout.write(self.style.WARNING(text) if "UNSERVED" in line else text)
+
+
+def _counts(rows, name: str, states) -> dict[tuple[str, str], int]:
+    """(``name`` column, event type) -> rows in ``states``."""
+    return {
+        (row[name], row["event_type"]): row["n"]
+        for row in rows.filter(state__in=states)
+        .values(name, "event_type")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
