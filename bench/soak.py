@@ -109,10 +109,11 @@ of its own and restart only that one::
         --restart-db-cmd "pg_ctlcluster 15 soak restart"
 
 Logs go to ``--log-dir`` (by default a temporary directory, removed after a
-passing run): each relay's output (``relay-N.log``, ``-v 2``; ``consume-1.log``; a relay that
-does not drain or stop also writes its threads' stacks there), the fault
-timeline (``faults.log``) and, when the relays do not drain, the database
-sessions and unfinished rows (``database.txt``).
+passing run): each relay's output (``relay-N.log``, ``-v 2``; the consumer's
+in ``consume-1.log``; a relay that does not drain or stop also writes its
+threads' stacks there), the fault timeline (``faults.log``) and, when the
+relays do not drain, the database sessions and unfinished rows
+(``database.txt``).
 """
 
 from __future__ import annotations

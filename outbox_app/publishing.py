@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import tracing
 from .conf import outbox_settings
 from .db import PRIMARY_KEY, notify_relays, violated_constraint
-from .events import Event, encode, storable, to_json, validate_event_type
+from .events import Event, encode, require_storable, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
     DuplicateOutboxEvent,
@@ -180,7 +180,7 @@ def publish(
                 f"operation must be a string of 1 to 32 characters, got "
                 f"{operation!r}; nothing was written"
             )
-        extras["operation"] = storable(operation, "operation", 32)
+        extras["operation"] = require_storable(operation, "operation", 32)
     rows, texts = _rows(
         events, aggregate, aggregate_version, headers, tenant_id, extras
     )
@@ -319,8 +319,8 @@ def _aggregate_key(aggregate: Aggregate) -> tuple[str | None, str | None]:
             f"aggregate_id) pair, got {aggregate!r}"
         )
     return (
-        storable(key[0], "aggregate_type", _AGGREGATE_TYPE_LENGTH),
-        storable(key[1], "aggregate_id", _AGGREGATE_ID_LENGTH),
+        require_storable(key[0], "aggregate_type", _AGGREGATE_TYPE_LENGTH),
+        require_storable(key[1], "aggregate_id", _AGGREGATE_ID_LENGTH),
     )
 
 
@@ -374,7 +374,7 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     text that stores it (encoded once, when it was validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     if isinstance(tenant_id, str):
-        storable(tenant_id, "tenant_id", _TENANT_LENGTH)
+        require_storable(tenant_id, "tenant_id", _TENANT_LENGTH)
     max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
     if headers is not None and not isinstance(headers, Mapping):
         raise InvalidPayload(

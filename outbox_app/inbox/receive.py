@@ -65,6 +65,7 @@ from django.utils import timezone
 from ..db import insert_new, storable, transaction_broken, violated_constraint
 from ..delivery.handlers import Deferral, event_for, time_limit
 from ..delivery.outcomes import recorded_error
+from ..events import unstorable
 from ..exceptions import TransactionBroken, UndecodableMessage
 from ..models import InboxMessage
 from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
@@ -657,16 +658,7 @@ def _unstorable(value: Any, column: str) -> str | None:
     """Why ``value`` cannot be stored in the InboxMessage ``column`` as it
     is (never silently changed: it is a key or what an operator looks for),
     or None."""
-    if not isinstance(value, str):
-        return f"is not a string ({type(value).__name__})"
-    if "\x00" in value:
-        return "holds a NUL character"
-    if not value.isascii() and storable(value) != value:
-        return "holds a lone surrogate"
-    limit = InboxMessage._meta.get_field(column).max_length
-    if len(value) > limit:
-        return f"is {len(value)} characters long (the inbox stores {limit})"
-    return None
+    return unstorable(value, InboxMessage._meta.get_field(column).max_length)
 
 
 def _parked_key(
