@@ -91,21 +91,21 @@ class Batch:
             and len(contexts) < batch_size
         ):
             expiry = now + datetime.timedelta(seconds=lease)
-            ids, claimed = gateway.fan_out(
+            step = gateway.fan_out(
                 fold.types,
                 batch_size - len(contexts),
                 fold.after,
                 now,
                 Lease(subscriber.name, token, worker, expiry),
             )
-            if ids:
-                fold.after = ids[-1]
-            fanned_out = len(ids)
+            if step.scanned:
+                fold.after = step.scanned[-1]
+            fanned_out = step.fanned_out
             # Where the fan-out reads its claimed rows back by lease token
             # (not PostgreSQL's RETURNING), a row this claim took already (a
             # replayed delivery of an event not fanned out yet) comes back too.
             taken = {c.notification_id for c in contexts}
-            contexts += [c for c in claimed if c.notification_id not in taken]
+            contexts += [c for c in step.contexts if c.notification_id not in taken]
         return cls(
             subscriber, gateway, token, contexts, now, started, started, fanned_out
         )
