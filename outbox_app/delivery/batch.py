@@ -143,15 +143,16 @@ class Batch:
         if time.monotonic() - self.renewed <= lease / 10 or not contexts:
             return list(contexts)
         renewed = time.monotonic()
-        clock = self.clock()
-        held = self.gateway.renew(
-            self.token,
-            [c.notification_id for c in contexts],
-            clock + datetime.timedelta(seconds=lease),
-            clock,
-        )
+        held = self.renew([c.notification_id for c in contexts])
         self.renewed = renewed
         return [c for c in contexts if c.notification_id in held]
+
+    def renew(self, ids: Sequence[int]) -> set[int]:
+        """Lease the rows ``ids`` of this batch for a whole lease from now.
+        Returns the ids still held (the others were taken over)."""
+        clock = self.clock()
+        expiry = clock + datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
+        return self.gateway.renew(self.token, ids, expiry, clock)
 
     def release(self) -> RelayReport:
         """Hand every row back unattempted (a batch claimed ahead that is not
