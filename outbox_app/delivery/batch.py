@@ -22,10 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.db import connections
-from django.utils import timezone
 
 from ..conf import outbox_settings
-from ..db import is_single_writer
+from ..db import database_now, is_single_writer
 from ..subscribers import DeliveryContext, Subscriber
 from .gateway import Gateway, Lease
 from .outcomes import RelayReport
@@ -37,7 +36,9 @@ class Batch:
 
     Attributes:
         contexts: the claimed deliveries, in notification id order.
-        now: the claim's clock; :meth:`clock` moves it on with the time spent.
+        now: the claim's clock (the database's, :func:`~outbox_app.db.
+            database_now`, or a test's); :meth:`clock` moves it on with the
+            time spent.
         started: ``time.monotonic()`` at the claim.
         renewed: ``time.monotonic()`` when the rows were last leased.
     """
@@ -71,7 +72,7 @@ class Batch:
         never starved by new events.
         """
         started = time.monotonic()
-        now = now or timezone.now()
+        now = now or database_now(using)
         gateway = Gateway(using)
         lease = outbox_settings.LEASE_SECONDS
         token, contexts = gateway.claim(
@@ -160,7 +161,7 @@ class Batch:
         if not self.contexts:
             return RelayReport()
         released = self.gateway.release(
-            self.token, [c.notification_id for c in self.contexts], timezone.now()
+            self.token, [c.notification_id for c in self.contexts], self.clock()
         )
         return RelayReport(
             claimed=len(self.contexts), released=released, fanned_out=self.fanned_out

@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from django.utils import timezone
-
 from .. import registry
 from ..conf import outbox_settings
+from ..db import database_now
 from ..ids import worker_name
 from ..models import Subscription
 from ..querysets import HEARTBEAT_SECONDS
@@ -140,7 +139,7 @@ def fan_out(
     total = 0
     after = None  # the last id fanned out by this call
     while True:
-        step = gateway.fan_out(types, batch_size, after, timezone.now())
+        step = gateway.fan_out(types, batch_size, after, database_now(using))
         total += step.fanned_out
         if len(step.scanned) < batch_size or (
             deadline is not None and time.monotonic() >= deadline
