@@ -12,14 +12,14 @@ tenth of the lease, if less): handlers that do not touch the database share
 one commit, the others get one each.
 
 A handler that registers ``transaction.on_commit`` callbacks (one not
-``robust``, at least) closes its group too, and is not marked in the group's
-transaction: its callbacks are taken out of Django's list before the commit
-(its row is fenced by its lease in that transaction like the others), run by
-the relay after it, each guarded, and then the row is marked SUCCEEDED, or
-failed with the error of a callback that raised. So a raising callback fails
-only its own row and never the commit, the other handlers' callbacks or the
-process; such a handler is at least once (a crash between the commit and the
-mark runs it again, its writes already committed).
+``robust``, at least) is not marked in the group's transaction: its callbacks
+are taken out of Django's list before the commit (its row is fenced by its
+lease in that transaction like the others), run by the relay after it, each
+guarded, and then the rows of such handlers are marked SUCCEEDED (one UPDATE
+per group), or failed with the error of a callback that raised. So a raising
+callback fails only its own row and never the commit, the other handlers'
+callbacks or the process; such a handler is at least once (a crash between
+the commit and the mark runs it again, its writes already committed).
 
 Before each group the batch keeps its lease (:meth:`Batch.keep`): rows another
 relay took over are dropped, and a relay that may have lost its lease renews
@@ -107,9 +107,9 @@ class _Runner:
         took."""
         succeeded: list[int] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
-        # The handler whose on_commit callbacks the relay runs after the
-        # commit, and those callbacks: it is marked once they ran.
-        deferred: tuple[DeliveryContext, list[tuple[Callable, bool]]] | None = None
+        # The handlers whose on_commit callbacks the relay runs after the
+        # commit, with those callbacks: they are marked once these ran.
+        deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]] = []
         taken = 0
         connection = connections[self.using]
         # Inside a caller's transaction (a test case, relay_once() in an
@@ -134,12 +134,12 @@ class _Runner:
                         registered = len(connection.run_on_commit)
                         if error is None:
                             error, queried = self._run_one(context, guard)
+                        later = None
                         if error is None and outermost:
                             later = _take_callbacks(connection, registered)
-                            if later:
-                                deferred = (context, later)
-                                break
-                        if error is None:
+                        if later:
+                            deferred.append((context, later))
+                        elif error is None:
                             succeeded.append(context.notification_id)
                         else:
                             failures.append((context, error))
@@ -159,13 +159,16 @@ class _Runner:
                     # under this batch's token and locks them until the
                     # commit; if one was taken over, it raises LeaseLost.
                     self.outcomes.succeeded(succeeded, all_or_none=True)
-                    if deferred is not None and not self.batch.renew(
-                        [deferred[0].notification_id]
+                    later_ids = [c.notification_id for c, _ in deferred]
+                    if (
+                        guard.queried
+                        and later_ids
+                        and len(self.batch.renew(later_ids)) < len(later_ids)
                     ):
-                        # The same fence for the handler marked later: its
-                        # writes commit only while its row is this batch's
-                        # (leased afresh for its callbacks).
-                        raise LeaseLost("the lease of a handler with callbacks")
+                        # The same fence for the handlers marked later: their
+                        # writes commit only while their rows are this
+                        # batch's (leased afresh for their callbacks).
+                        raise LeaseLost("leases of handlers with callbacks lost")
             if not in_transaction:
                 # Nothing was sent in the group's transaction (on PostgreSQL
                 # it did not even begin) and nothing waits for its commit:
@@ -176,10 +179,10 @@ class _Runner:
             # every write of the group is rolled back (and the callbacks
             # taken out are dropped with them), the rows still held are
             # handed back, due at once; the others belong to that relay now.
-            held = succeeded + ([deferred[0].notification_id] if deferred else [])
+            held = succeeded + [c.notification_id for c, _ in deferred]
             released = self.outcomes.released(held)
             self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
-            deferred = None
+            deferred = []
         except BaseException:
             # The group's transaction is gone (its connection broke, or the
             # process is being interrupted): its successes were rolled back
@@ -188,41 +191,46 @@ class _Runner:
             self._record(failures)
             raise
         self._record(failures)
-        if deferred is not None:
-            self._after_commit(*deferred)
+        if deferred:
+            self._after_commit(deferred)
         return taken
 
     def _after_commit(
-        self, context: DeliveryContext, callbacks: list[tuple[Callable, bool]]
+        self, deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]]
     ) -> None:
-        """Run the ``on_commit`` callbacks of the handler of ``context`` now
-        that its writes committed, in order, each guarded, then record its
-        outcome: SUCCEEDED, or a failed attempt with the first error a
-        callback raised (retried, or EXPIRED, by the retry policy). A
-        ``robust`` callback's error is logged, as Django logs it, and fails
-        nothing. A crash before the mark leaves the row RUNNING until its
-        lease runs out: the handler then runs again, over its committed
-        writes (at least once)."""
-        error = None
-        for func, robust in callbacks:
-            try:
-                func()
-            except Exception as exc:
-                if robust or error is not None:
-                    logger.error(
-                        "%s: an on_commit callback of notification %s raised: %s",
-                        self.handler.name,
-                        context.notification_id,
-                        exc,
-                        exc_info=exc,
-                        extra={"subscriber": self.handler.name},
-                    )
-                else:
-                    error = exc
-        if error is None:
-            self.outcomes.succeeded([context.notification_id])
-        else:
-            self._record([(context, error)])
+        """Run the ``on_commit`` callbacks of the handlers of ``deferred`` now
+        that their writes committed, in order, each guarded, then record the
+        outcomes: SUCCEEDED (one UPDATE for them all), or a failed attempt
+        with the first error a handler's callback raised (retried, or
+        EXPIRED, by the retry policy). A ``robust`` callback's error is
+        logged, as Django logs it, and fails nothing. A crash before the marks
+        leaves the rows RUNNING until their lease runs out: the handlers then
+        run again, over their committed writes (at least once)."""
+        done: list[int] = []
+        failures: list[tuple[DeliveryContext, BaseException]] = []
+        for context, callbacks in deferred:
+            error = None
+            for func, robust in callbacks:
+                try:
+                    func()
+                except Exception as exc:
+                    if robust or error is not None:
+                        logger.error(
+                            "%s: an on_commit callback of notification %s raised: %s",
+                            self.handler.name,
+                            context.notification_id,
+                            exc,
+                            exc_info=exc,
+                            extra={"subscriber": self.handler.name},
+                        )
+                    else:
+                        error = exc
+            if error is None:
+                done.append(context.notification_id)
+            else:
+                failures.append((context, error))
+        self.outcomes.succeeded(done)
+        self._record(failures)
 
     def _record(self, failures) -> None:
         for context, error in failures:

@@ -310,6 +310,40 @@ def test_a_raising_on_commit_callback_fails_only_its_own_row(registered):
     assert Notification.objects.filter(state=State.SUCCEEDED).count() == 9
 
 
+def test_handlers_with_callbacks_that_never_query_share_one_mark(registered):
+    """Marked after their callbacks ran, the rows of a group's handlers that
+    registered callbacks still take one UPDATE; a raising callback fails its
+    own row only."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    sent = []
+
+    @registered(OrderPlaced, name="cb.notify")
+    def notify(event, context):
+        def send():
+            if event.order_id == 1:
+                raise ConnectionError("push gateway down")
+            sent.append(event.order_id)
+
+        transaction.on_commit(send)
+
+    place(4)
+    fan_out()
+    with CaptureQueriesContext(connection) as run:
+        report = deliver([get("cb.notify")])
+    assert (report.succeeded, report.failed) == (3, 1)
+    assert sorted(sent) == [0, 2, 3]
+    marks = [
+        q["sql"]
+        for q in run.captured_queries
+        if q["sql"].startswith("UPDATE") and "SUCCEEDED" in q["sql"]
+    ]
+    assert len(marks) == 1
+    failed = Notification.objects.get(state=State.FAILED)
+    assert failed.last_error == "push gateway down"
+
+
 def test_a_raising_on_commit_callback_expires_its_row_after_its_attempts(
     registered,
 ):
