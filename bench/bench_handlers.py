@@ -2,6 +2,11 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench \\
         .venv/bin/python -m bench.bench_handlers [--events 100000] [--rounds 3]
+        [--on-commit]
+
+``--on-commit``: the handler does its work (a counter) in a
+``transaction.on_commit`` callback, which the relay runs after the group's
+commit and before the row's mark.
 
 Per round, on the same database, interleaved:
 
@@ -60,9 +65,20 @@ from tests.testapp.events import OrderPlaced  # noqa: E402
 seen = 0
 
 
-def noop(event, context) -> None:
+#: --on-commit: the handler counts from a transaction.on_commit callback.
+ON_COMMIT = False
+
+
+def count() -> None:
     global seen
     seen += 1
+
+
+def noop(event, context) -> None:
+    if ON_COMMIT:
+        transaction.on_commit(count)
+    else:
+        count()
 
 
 HANDLER = Handler(name="bench.noop", event_types=frozenset({"OrderPlaced"}), fn=noop)
@@ -133,7 +149,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
+    parser.add_argument(
+        "--on-commit",
+        action="store_true",
+        help="the handler registers a transaction.on_commit callback",
+    )
     args = parser.parse_args()
+    global ON_COMMIT
+    ON_COMMIT = args.on_commit
     call_command("migrate", verbosity=0)
     rates: dict[str, list[float]] = {
         "one row per transaction": [],

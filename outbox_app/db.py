@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
-from django.db import DatabaseError, connections, models
+from django.db import DatabaseError, connections, models, router
 from django.db.models import Q, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
@@ -195,6 +196,10 @@ class Dialect:
             runs as a probe per outer row, by index (PostgreSQL: ``OFFSET 0``
             keeps the planner from turning it into an anti-join, whose plan
             depends on statistics; see ``gateway._candidates``).
+        clock_sql: a query of the database server's clock, UTC (PostgreSQL's
+            ``clock_timestamp()``, the time it runs even inside a
+            transaction; MySQL/MariaDB's ``UTC_TIMESTAMP(6)``); None for
+            SQLite, an embedded database whose clock is the process's own.
     """
 
     alias: str
@@ -207,6 +212,7 @@ class Dialect:
     native_uuid: bool
     quote_char: str
     probe_fence: str
+    clock_sql: str | None
 
     def quote(self, name: str) -> str:
         return f"{self.quote_char}{name}{self.quote_char}"
@@ -278,7 +284,112 @@ def _dialect(alias: str, vendor: str) -> Dialect:
         native_uuid=features.has_native_uuid_field,
         quote_char=connection.ops.quote_name("x")[0],
         probe_fence=" OFFSET 0" if vendor == "postgresql" else "",
+        clock_sql={
+            "postgresql": "SELECT clock_timestamp()",
+            "mysql": "SELECT UTC_TIMESTAMP(6)",
+        }.get(vendor),
     )
+
+
+# --- the database's clock ----------------------------------------------------------
+
+#: How often the offset of a database server's clock is measured again, in
+#: seconds.
+CLOCK_REFRESH_SECONDS = 60.0
+#: Added to half a measurement's round trip: how far the host's clock may be
+#: from the estimate and still be taken as the database's (the two clocks'
+#: rates differ by a few parts per million over a refresh period).
+CLOCK_SLACK_SECONDS = 0.002
+
+
+@dataclass(frozen=True)
+class _Reading:
+    at: datetime.datetime  # the server's clock (aware, UTC) ...
+    monotonic: float  # ... at this time.monotonic(): the round trip's middle
+    error: float  # half the round trip, in seconds
+
+
+_readings: dict[str, _Reading] = {}
+
+
+def database_now(alias: str | None = None) -> datetime.datetime:
+    """The time by the clock of database ``alias``'s server (default: the
+    outbox's, ``router.db_for_write(OutboxEvent)``), to compare with and to
+    compute the times stored there: leases, due times, expiry, completions.
+
+    The server's clock is read (:attr:`Dialect.clock_sql`, one query) on the
+    first call of a process and every :data:`CLOCK_REFRESH_SECONDS`, never
+    inside a transaction once read; in between it runs on
+    ``time.monotonic()`` from the reading (taken as the middle of the round
+    trip), so a host clock that is wrong, or steps, changes nothing. When
+    the host's clock agrees with the estimate within the reading's
+    uncertainty (half its round trip, plus :data:`CLOCK_SLACK_SECONDS`), the
+    host's own time is returned. SQLite is embedded: its clock is the
+    process's, ``timezone.now()``, with no query.
+
+    Returns:
+        An aware datetime, or a naive one in the current time zone when
+        ``USE_TZ`` is False, as ``timezone.now()`` gives.
+
+    Raises:
+        django.db.DatabaseError: the first reading failed (later ones that
+            fail keep the previous reading, and are tried again at the next
+            call).
+    """
+    if alias is None:
+        from .models import OutboxEvent
+
+        alias = router.db_for_write(OutboxEvent)
+    host = timezone.now()
+    sql = dialect(alias).clock_sql
+    if sql is None:
+        return host
+    reading = _reading(alias, sql)
+    estimate = reading.at + datetime.timedelta(
+        seconds=time.monotonic() - reading.monotonic
+    )
+    if not settings.USE_TZ:
+        estimate = timezone.make_naive(estimate)
+    if abs((estimate - host).total_seconds()) <= reading.error + CLOCK_SLACK_SECONDS:
+        return host
+    return estimate
+
+
+def _reading(alias: str, sql: str) -> _Reading:
+    reading = _readings.get(alias)
+    connection = connections[alias]
+    if reading is not None and (
+        time.monotonic() - reading.monotonic < CLOCK_REFRESH_SECONDS
+        or connection.in_atomic_block
+    ):
+        return reading
+    try:
+        with connection.cursor() as cursor:
+            began = time.monotonic()
+            cursor.execute(sql)
+            ended = time.monotonic()
+            (value,) = cursor.fetchone()
+    except DatabaseError:
+        if reading is None:
+            raise
+        logger.warning("could not read the clock of database %s", alias, exc_info=True)
+        return reading
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if timezone.is_naive(value):  # UTC_TIMESTAMP()
+        value = value.replace(tzinfo=datetime.UTC)
+    first = reading is None
+    reading = _Reading(value, (began + ended) / 2, (ended - began) / 2)
+    _readings[alias] = reading
+    offset = (value - datetime.datetime.now(datetime.UTC)).total_seconds()
+    if first and abs(offset) > 1:
+        logger.warning(
+            "the clock of database %s is %+.1f s from this host's; outbox_app "
+            "compares and stores times by the database's",
+            alias,
+            offset,
+        )
+    return reading
 
 
 #: What :func:`violated_constraint` returns for a primary key.

@@ -35,6 +35,7 @@ Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
 
 from __future__ import annotations
 
+import datetime
 import hmac
 from collections.abc import Iterator
 from typing import Any
@@ -279,14 +280,21 @@ class RelayMetrics:
         if self.enabled:
             self._handler.labels(subscriber).observe(seconds)
 
-    def batch(self, subscriber: str, seconds: float, published: list) -> None:
+    def batch(
+        self,
+        subscriber: str,
+        seconds: float,
+        published: list,
+        now: datetime.datetime | None = None,
+    ) -> None:
         """One delivered batch: its duration, and each row's latency from its
-        event's ``occurred_at`` or ``deliver_at`` (aware datetimes)."""
+        event's ``occurred_at`` or ``deliver_at`` (aware datetimes) to ``now``
+        (default ``timezone.now()``; the relay passes the database's clock)."""
         if not self.enabled:
             return
         self._batch.labels(subscriber).observe(seconds)
         if published:
-            now = timezone.now()
+            now = now or timezone.now()
             latency = self._latency.labels(subscriber)
             for occurred_at in published:
                 latency.observe(max(0.0, (now - occurred_at).total_seconds()))

@@ -311,7 +311,9 @@ class Subscription(models.Model):
 
     def is_served(self, now=None) -> bool:
         """Active, and a relay refreshed it within ``SERVED_SECONDS``."""
-        return self.retired_at is None and self.last_seen_at >= served_since(now)
+        return self.retired_at is None and self.last_seen_at >= served_since(
+            now, self._state.db
+        )
 
 
 class InboxMessage(models.Model):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
 from . import registry
+from .db import database_now
 from .exceptions import SubscriptionInUse
 from .models import Notification, OutboxEvent
 from .states import ABANDONABLE, EXPIRABLE, REQUEUEABLE, RETRYABLE, SKIPPABLE, State
@@ -205,7 +205,7 @@ def replay_to(
         if not wanted:
             continue
         with transaction.atomic(using=alias):
-            now = timezone.now()
+            now = database_now(alias)
             existing = rows.filter(event_id__in=wanted, subscriber__in=names)
             existing_ids = set(existing.values_list("event_id", flat=True))
             done = existing.replay(now)

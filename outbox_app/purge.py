@@ -58,9 +58,9 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.utils import timezone
 
 from .conf import outbox_settings
+from .db import database_now
 from .models import InboxMessage, Notification, OutboxEvent
 from .states import FINISHED, InboxState
 
@@ -120,9 +120,12 @@ class Purgeable:
 
 
 def cutoff_for(
-    older_than_days: float | None = None, now: datetime.datetime | None = None
+    older_than_days: float | None = None,
+    now: datetime.datetime | None = None,
+    using: str = "default",
 ) -> datetime.datetime:
-    """``now`` minus ``older_than_days`` (default ``OUTBOX_RETENTION_DAYS``).
+    """``now`` (default: the clock of database ``using``) minus
+    ``older_than_days`` (default ``OUTBOX_RETENTION_DAYS``).
 
     Raises:
         ValueError: a negative number of days.
@@ -132,7 +135,7 @@ def cutoff_for(
     )
     if days < 0:
         raise ValueError(f"older_than_days must be 0 or more, got {days!r}")
-    return (now or timezone.now()) - datetime.timedelta(days=days)
+    return (now or database_now(using)) - datetime.timedelta(days=days)
 
 
 def purgeable(
@@ -145,7 +148,7 @@ def purgeable(
     ``inbox_cutoff``, default ``OUTBOX_INBOX_RETENTION_DAYS`` ago), as
     querysets (nothing is evaluated)."""
     if inbox_cutoff is None:
-        inbox_cutoff = timezone.now() - datetime.timedelta(
+        inbox_cutoff = database_now(using) - datetime.timedelta(
             days=outbox_settings.INBOX_RETENTION_DAYS
         )
     notifications = Notification.objects.using(using)
@@ -221,11 +224,13 @@ def purge(
             "pause_ratio and busy_pause_ratio must be 0 or more, got "
             f"{pause_ratio!r} and {busy_pause_ratio!r}"
         )
-    inbox_cutoff = (now or timezone.now()) - datetime.timedelta(
+    inbox_cutoff = (now or database_now(using)) - datetime.timedelta(
         days=outbox_settings.INBOX_RETENTION_DAYS
     )
     rows = purgeable(
-        cutoff_for(older_than_days, now), using=using, inbox_cutoff=inbox_cutoff
+        cutoff_for(older_than_days, now, using),
+        using=using,
+        inbox_cutoff=inbox_cutoff,
     )
     expected = rows.counts()
     if dry_run:

@@ -14,9 +14,8 @@ from collections.abc import Iterable
 from django.db import models
 from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
-from .db import insert_select, reissued_on_deadlock, storable
+from .db import database_now, insert_select, reissued_on_deadlock, storable
 from .ids import worker_name
 from .states import (
     CLAIMABLE,
@@ -51,16 +50,18 @@ class NotificationQuerySet(QuerySet):
         return self.filter(subscriber__in=list(names))
 
     def due(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
-        """Rows a claim may take at ``now``: PENDING or FAILED whose retry time has
-        come, and RUNNING rows whose lease ran out."""
+        """Rows a claim may take at ``now`` (default: the database's clock,
+        :func:`~outbox_app.db.database_now`): PENDING or FAILED whose retry
+        time has come, and RUNNING rows whose lease ran out."""
         return self.filter(
-            state__in=CLAIMABLE, next_retry_at__lte=now or timezone.now()
+            state__in=CLAIMABLE, next_retry_at__lte=now or database_now(self.db)
         )
 
     def scheduled(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
         """Rows scheduled for later: PENDING, their event's ``deliver_at``
-        still ahead of ``now``. Waiting on purpose: not lag."""
-        return self.filter(_scheduled(now or timezone.now()))
+        still ahead of ``now`` (default: the database's clock). Waiting on
+        purpose: not lag."""
+        return self.filter(_scheduled(now or database_now(self.db)))
 
     def blocked_aggregates(self) -> int:
         """How many (subscriber, aggregate) pairs an EXPIRED row holds back.
@@ -117,8 +118,10 @@ class NotificationQuerySet(QuerySet):
         as history, until the next attempt overwrites or succeeds. Works in
         batches of ``batch_size`` rows, so requeueing 100,000 rows never loads
         them into memory nor holds one long lock. Returns rows requeued.
+        "Now" is the database's clock (:func:`~outbox_app.db.database_now`),
+        as for every operator action here.
         """
-        now = timezone.now()
+        now = database_now(self.db)
         return self._in_batches(
             self.filter(state__in=REQUEUEABLE),
             batch_size,
@@ -131,7 +134,7 @@ class NotificationQuerySet(QuerySet):
 
     def retry_now(self, batch_size: int = 1000) -> int:
         """Make FAILED rows due now, keeping their attempt count."""
-        now = timezone.now()
+        now = database_now(self.db)
         return self._in_batches(
             self.filter(state__in=RETRYABLE),
             batch_size,
@@ -142,7 +145,7 @@ class NotificationQuerySet(QuerySet):
     def expire(self, batch_size: int = 1000) -> int:
         """Stop retrying: PENDING/FAILED -> EXPIRED (RUNNING rows are left to
         their worker)."""
-        now = timezone.now()
+        now = database_now(self.db)
         return self._in_batches(
             self.filter(state__in=EXPIRABLE),
             batch_size,
@@ -155,7 +158,7 @@ class NotificationQuerySet(QuerySet):
         """Give up delivering: FAILED/EXPIRED (or ``states``) -> SKIPPED,
         finished, the error kept. An ordered subscriber's aggregate held back
         by the row flows on."""
-        now = timezone.now()
+        now = database_now(self.db)
         return self._in_batches(
             self.filter(state__in=states),
             batch_size,
@@ -168,7 +171,7 @@ class NotificationQuerySet(QuerySet):
         """Deliver again: every row but RUNNING ones and scheduled ones not
         due yet (PENDING: they are delivered when due) -> PENDING, due now,
         attempts reset (the last error kept as history). Returns rows reset."""
-        now = now or timezone.now()
+        now = now or database_now(self.db)
         return self.exclude(Q(state=State.RUNNING) | _scheduled(now)).update(
             state=State.PENDING,
             attempts=0,
@@ -209,7 +212,7 @@ class SubscriberPauseQuerySet(QuerySet):
                 "probes": pause.probes,
                 "reason": storable(pause.reason)[:2000],
                 "worker": worker_name(),
-                "updated_at": timezone.now(),
+                "updated_at": database_now(self.db),
             },
         )
 
@@ -218,7 +221,7 @@ class SubscriberPauseQuerySet(QuerySet):
         is still at it (a relay that stopped while paused leaves its row)."""
         from .conf import outbox_settings
 
-        now = now or timezone.now()
+        now = now or database_now(self.db)
         stale = datetime.timedelta(seconds=2 * outbox_settings.PAUSE_MAX_SECONDS + 60)
         return self.filter(resumed_at__isnull=True, resume_at__gte=now - stale)
 
@@ -231,9 +234,12 @@ HEARTBEAT_SECONDS = 60
 SERVED_SECONDS = 5 * HEARTBEAT_SECONDS
 
 
-def served_since(now: datetime.datetime | None = None) -> datetime.datetime:
-    """A subscription refreshed at or after this moment has a relay serving it."""
-    return (now or timezone.now()) - datetime.timedelta(seconds=SERVED_SECONDS)
+def served_since(
+    now: datetime.datetime | None = None, using: str | None = None
+) -> datetime.datetime:
+    """A subscription refreshed at or after this moment has a relay serving it
+    (``now`` default: the clock of database ``using``)."""
+    return (now or database_now(using)) - datetime.timedelta(seconds=SERVED_SECONDS)
 
 
 class SubscriptionQuerySet(QuerySet):
@@ -242,12 +248,12 @@ class SubscriptionQuerySet(QuerySet):
 
     def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
-        return self.active().filter(last_seen_at__gte=served_since(now))
+        return self.active().filter(last_seen_at__gte=served_since(now, self.db))
 
     def unserved(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows no relay refreshed within :data:`SERVED_SECONDS`: their
         notifications wait for a relay that has the subscriber."""
-        return self.active().filter(last_seen_at__lt=served_since(now))
+        return self.active().filter(last_seen_at__lt=served_since(now, self.db))
 
     def record(
         self,
@@ -275,7 +281,7 @@ class SubscriptionQuerySet(QuerySet):
         # duplicate, then each waits to insert), so the caller reissues.
         from .subscribers import WILDCARD
 
-        now = now or timezone.now()
+        now = now or database_now(self.db)
         rows = [
             self.model(
                 subscriber=s.name,
@@ -315,7 +321,9 @@ class SubscriptionQuerySet(QuerySet):
     def retire(self, by: str, now: datetime.datetime | None = None) -> int:
         """Retire these rows: fan-out creates no new notification for them.
         Returns rows retired."""
-        return self.active().update(retired_at=now or timezone.now(), retired_by=by)
+        return self.active().update(
+            retired_at=now or database_now(self.db), retired_by=by
+        )
 
     def reactivate(self) -> int:
         """Undo :meth:`retire`. Returns rows reactivated."""
@@ -339,7 +347,7 @@ class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):
         :data:`HEARTBEAT_SECONDS` (with ``heartbeat``)."""
         from .subscribers import WILDCARD
 
-        now = now or timezone.now()
+        now = now or database_now(self.db)
         rows = [
             self.model(
                 consumer=c.name,
@@ -381,7 +389,7 @@ class InboxMessageQuerySet(QuerySet):
         """FAILED/PARKED -> FAILED, due now, attempts reset to 0: ``manage.py
         consume`` runs them again (the last error kept as history). Returns
         rows requeued."""
-        now = timezone.now()
+        now = database_now(self.db)
         return self.filter(state__in=INBOX_REQUEUEABLE).update(
             state=InboxState.FAILED, attempts=0, next_retry_at=now, updated_at=now
         )

@@ -18,9 +18,9 @@ from typing import Any
 
 from django.db.models import Count, Min
 from django.db.models.functions import Coalesce, TruncMinute
-from django.utils import timezone
 
 from . import registry
+from .db import database_now
 from .models import (
     InboxMessage,
     Notification,
@@ -49,7 +49,8 @@ def overview(
 
     Args:
         using: database alias.
-        now: the clock (tests pass a fixed one).
+        now: the clock (tests pass a fixed one); default the database's
+            (:func:`~outbox_app.db.database_now`).
         deliveries: count the deliveries per minute of the last 24 hours
             (``"deliveries"``: None without; a metrics scrape skips them).
 
@@ -105,7 +106,7 @@ def overview(
     Raises:
         ImproperlyConfigured: an ``OUTBOX_PUBLISHERS`` entry cannot be built.
     """
-    now = now or timezone.now()
+    now = now or database_now(using)
     subscribers = registry.subscribers()
     notifications = Notification.objects.using(using)
 
@@ -245,7 +246,7 @@ def paused(
         ``[{"subscriber", "since", "paused_seconds", "next_probe", "probes",
         "reason", "worker"}, ...]``; empty when every destination answers.
     """
-    now = now or timezone.now()
+    now = now or database_now(using)
     return [
         {
             "subscriber": pause.subscriber,
@@ -274,7 +275,7 @@ def unserved(
         ``[{"subscriber", "event_type", "kind", "last_seen", "last_seen_seconds",
         "last_seen_by"}, ...]``, least recently seen first.
     """
-    now = now or timezone.now()
+    now = now or database_now(using)
     return [
         {
             "subscriber": s.subscriber,
@@ -305,7 +306,7 @@ def deliveries_per_minute(
         ``per_minute[i]`` counts the minute starting ``start + i`` minutes; the
         last bucket is the current (partial) minute.
     """
-    now = (now or timezone.now()).astimezone(_UTC)
+    now = (now or database_now(using)).astimezone(_UTC)
     end = now.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1)
     start = end - datetime.timedelta(minutes=CHART_MINUTES)
     per_minute = [0] * CHART_MINUTES

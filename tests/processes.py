@@ -27,16 +27,36 @@ def database_url() -> str:
     return f"{scheme}://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
-def spawn(*args: str, stderr=subprocess.PIPE, **env: str) -> subprocess.Popen:
-    """Run ``python *args`` in the repository with the tests' settings and DB."""
+def spawn(
+    *args: str, stderr=subprocess.PIPE, clock: str | None = None, **env: str
+) -> subprocess.Popen:
+    """Run ``python *args`` in the repository with the tests' settings and DB.
+
+    ``clock``: run it under libfaketime (the ``faketime`` package) with its
+    wall clock moved by this offset (``"+90s"``, ``"-90s"``: ``FAKETIME``'s
+    format). Its monotonic clock stays true and ``time.sleep()`` goes through
+    ``select()`` (``tests/faketime/sitecustomize.py``): libfaketime's own
+    monotonic clock hangs timed lock waits, and its sleep fails with EINVAL
+    once the monotonic clock is left alone.
+    """
     environment = {
         **os.environ,
         "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         **env,
     }
+    command = [sys.executable, *args]
+    if clock is not None:
+        faked = str(ROOT / "tests" / "faketime")
+        path = environment.get("PYTHONPATH")
+        environment["PYTHONPATH"] = f"{faked}:{path}" if path else faked
+        # What the faketime command sets, with the process itself exec'ed (the
+        # command forks and waits: a signal to it would miss the relay).
+        environment["LD_PRELOAD"] = "/usr/$LIB/faketime/libfaketimeMT.so.1"
+        environment["FAKETIME"] = clock
+        environment["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
     return subprocess.Popen(
-        [sys.executable, *args],
+        command,
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,

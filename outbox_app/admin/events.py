@@ -11,13 +11,13 @@ from django.db.models import Count, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .. import operations
+from ..db import database_now
 from ..exceptions import OutboxError
 from ..models import Notification, OutboxEvent
 from ..states import State
@@ -81,7 +81,7 @@ class ScheduleFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request, queryset):
-        now = timezone.now()
+        now = database_now(queryset.db)
         if self.value() == "scheduled":
             return queryset.filter(deliver_at__gt=now)
         if self.value() == "expiring":

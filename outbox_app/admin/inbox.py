@@ -8,11 +8,11 @@ import json
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from ..db import database_now
 from ..models import ConsumerSubscription, InboxMessage
 from ..states import InboxState
 from ..templatetags.outbox_admin import duration
@@ -98,7 +98,7 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
     def next_retry(self, obj: InboxMessage):
         if obj.state != InboxState.FAILED or obj.next_retry_at is None:
             return "-"
-        seconds = (obj.next_retry_at - timezone.now()).total_seconds()
+        seconds = (obj.next_retry_at - database_now(obj._state.db)).total_seconds()
         if seconds <= 0:
             return _("due")
         return _("in %(left)s") % {"left": duration(seconds)}

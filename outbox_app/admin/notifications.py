@@ -18,7 +18,6 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -27,6 +26,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .. import operations
+from ..db import database_now
 from ..delivery.outcomes import LAPSED_ERROR_TYPE
 from ..models import Notification
 from ..states import State
@@ -247,7 +247,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
         The exact time is the title."""
         if obj.state not in (State.PENDING, State.FAILED, State.RUNNING):
             return "-"
-        seconds = (obj.next_retry_at - timezone.now()).total_seconds()
+        seconds = (obj.next_retry_at - database_now(obj._state.db)).total_seconds()
         if obj.state == State.RUNNING:
             text = _("lease %(left)s") % {"left": duration(max(seconds, 0))}
         elif obj.deliver_at is not None and obj.deliver_at == obj.next_retry_at:

@@ -22,10 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.db import connections
-from django.utils import timezone
 
 from ..conf import outbox_settings
-from ..db import is_single_writer
+from ..db import database_now, is_single_writer
 from ..subscribers import DeliveryContext, Subscriber
 from .gateway import Gateway, Lease
 from .outcomes import RelayReport
@@ -37,7 +36,9 @@ class Batch:
 
     Attributes:
         contexts: the claimed deliveries, in notification id order.
-        now: the claim's clock; :meth:`clock` moves it on with the time spent.
+        now: the claim's clock (the database's, :func:`~outbox_app.db.
+            database_now`, or a test's); :meth:`clock` moves it on with the
+            time spent.
         started: ``time.monotonic()`` at the claim.
         renewed: ``time.monotonic()`` when the rows were last leased.
     """
@@ -71,7 +72,7 @@ class Batch:
         never starved by new events.
         """
         started = time.monotonic()
-        now = now or timezone.now()
+        now = now or database_now(using)
         gateway = Gateway(using)
         lease = outbox_settings.LEASE_SECONDS
         token, contexts = gateway.claim(
@@ -91,21 +92,21 @@ class Batch:
             and len(contexts) < batch_size
         ):
             expiry = now + datetime.timedelta(seconds=lease)
-            ids, claimed = gateway.fan_out(
+            step = gateway.fan_out(
                 fold.types,
                 batch_size - len(contexts),
                 fold.after,
                 now,
                 Lease(subscriber.name, token, worker, expiry),
             )
-            if ids:
-                fold.after = ids[-1]
-            fanned_out = len(ids)
+            if step.scanned:
+                fold.after = step.scanned[-1]
+            fanned_out = step.fanned_out
             # Where the fan-out reads its claimed rows back by lease token
             # (not PostgreSQL's RETURNING), a row this claim took already (a
             # replayed delivery of an event not fanned out yet) comes back too.
             taken = {c.notification_id for c in contexts}
-            contexts += [c for c in claimed if c.notification_id not in taken]
+            contexts += [c for c in step.contexts if c.notification_id not in taken]
         return cls(
             subscriber, gateway, token, contexts, now, started, started, fanned_out
         )
@@ -143,15 +144,16 @@ class Batch:
         if time.monotonic() - self.renewed <= lease / 10 or not contexts:
             return list(contexts)
         renewed = time.monotonic()
-        clock = self.clock()
-        held = self.gateway.renew(
-            self.token,
-            [c.notification_id for c in contexts],
-            clock + datetime.timedelta(seconds=lease),
-            clock,
-        )
+        held = self.renew([c.notification_id for c in contexts])
         self.renewed = renewed
         return [c for c in contexts if c.notification_id in held]
+
+    def renew(self, ids: Sequence[int]) -> set[int]:
+        """Lease the rows ``ids`` of this batch for a whole lease from now.
+        Returns the ids still held (the others were taken over)."""
+        clock = self.clock()
+        expiry = clock + datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
+        return self.gateway.renew(self.token, ids, expiry, clock)
 
     def release(self) -> RelayReport:
         """Hand every row back unattempted (a batch claimed ahead that is not
@@ -159,7 +161,7 @@ class Batch:
         if not self.contexts:
             return RelayReport()
         released = self.gateway.release(
-            self.token, [c.notification_id for c in self.contexts], timezone.now()
+            self.token, [c.notification_id for c in self.contexts], self.clock()
         )
         return RelayReport(
             claimed=len(self.contexts), released=released, fanned_out=self.fanned_out

@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from django.utils import timezone
-
 from .. import registry
 from ..conf import outbox_settings
+from ..db import database_now
 from ..ids import worker_name
 from ..models import Subscription
 from ..querysets import HEARTBEAT_SECONDS
@@ -108,7 +107,9 @@ def fan_out(
     the oldest undelivered events of subscribed types after the previous
     batch's last id, skipping those another relay is fanning out, insert one
     PENDING notification per subscriber of their type (idempotently: the
-    ``(event, subscriber)`` pair is unique), flip ``delivered``
+    ``(event, subscriber)`` pair is unique), flip ``delivered`` of those that
+    have a notification (an event whose only subscription was retired
+    meanwhile stays undelivered)
     (:meth:`Gateway.fan_out <outbox_app.delivery.gateway.Gateway.fan_out>`).
     Keyset pagination keeps each batch's scan to the rows it takes, however
     stale the table's statistics (bench/RESULTS.md, benchmark 5); an event
@@ -138,10 +139,10 @@ def fan_out(
     total = 0
     after = None  # the last id fanned out by this call
     while True:
-        ids, _ = gateway.fan_out(types, batch_size, after, timezone.now())
-        total += len(ids)
-        if len(ids) < batch_size or (
+        step = gateway.fan_out(types, batch_size, after, database_now(using))
+        total += step.fanned_out
+        if len(step.scanned) < batch_size or (
             deadline is not None and time.monotonic() >= deadline
         ):
             return total
-        after = ids[-1]
+        after = step.scanned[-1]

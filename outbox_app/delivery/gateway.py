@@ -77,6 +77,26 @@ def _states(states: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
+class FannedOut:
+    """What one fan-out step did.
+
+    Attributes:
+        scanned: the ids of the events it took, in id order (keyset paging
+            goes on after the last; fewer than the limit: none is left).
+        fanned_out: how many of them it marked fanned out (``delivered``):
+            those with a notification of an active subscription. The others
+            (their only subscription was retired as the step ran) stay
+            undelivered.
+        contexts: the rows claimed for the lease's subscriber, in
+            notification id order.
+    """
+
+    scanned: list[uuid.UUID]
+    fanned_out: int
+    contexts: list[DeliveryContext]
+
+
+@dataclass(frozen=True)
 class Lease:
     """Who claims what fan-out creates for subscriber ``name``: the lease
     token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`)."""
@@ -130,13 +150,16 @@ class Gateway:
         after: uuid.UUID | None,
         now: datetime.datetime,
         lease: Lease | None = None,
-    ) -> tuple[list[uuid.UUID], list[DeliveryContext]]:
+    ) -> FannedOut:
         """Turn up to ``limit`` undelivered events of ``types`` (``None``:
         every type; ids after ``after``, oldest first) into one notification
         per active subscription of their type (:class:`~outbox_app.models.
         Subscription`, read by the same statement or transaction, so a
         subscription recorded before an event committed is never missed), due
-        at ``now``, and flip their ``delivered`` flag.
+        at ``now``, and flip the ``delivered`` flag of those that have a
+        notification. An event whose every subscription was retired since
+        ``types`` was read gets none and stays undelivered (it is counted as
+        waiting for fan-out, and a subscription recorded later receives it).
 
         Events another relay is fanning out right now are skipped, never
         waited for (``SKIP LOCKED``): a relay frozen inside fan-out holds its
@@ -152,8 +175,7 @@ class Gateway:
         PostgreSQL, one transaction elsewhere.
 
         Returns:
-            ``(ids fanned out in id order, contexts claimed for lease.name in
-            notification id order)``; no ids: nothing left after ``after``.
+            :class:`FannedOut`.
         """
         d = self.dialect
         select: list = [] if types is None else sorted(types)
@@ -177,24 +199,28 @@ class Gateway:
                 cursor.execute(text, [*select, *subs, *values])
                 found = cursor.fetchall()
             ids = [d.uuid_value(row[0]) for row in found]
+            flipped = sum(1 for row in found if row[1])
             if not claiming:
-                return ids, []
-            contexts = [_context(d, row[1:]) for row in found if row[1] is not None]
+                return FannedOut(ids, flipped, [])
+            contexts = [_context(d, row[2:]) for row in found if row[2] is not None]
             contexts.sort(key=lambda c: c.notification_id)
-            return ids, contexts
+            return FannedOut(ids, flipped, contexts)
         find, insert, flip, read = text
         with transaction.atomic(using=self.using), self._cursor() as cursor:
             cursor.execute(find, select)
             ids = [row[0] for row in cursor.fetchall()]
             if not ids:
-                return [], []
+                return FannedOut([], 0, [])
             cursor.execute(insert(len(ids)), [*values, *subs, *ids])
             cursor.execute(flip(len(ids)), ids)
+            flipped = cursor.rowcount
             found = []
             if claiming:
                 cursor.execute(read(len(ids)), [*ids, lease.name, token])
                 found = cursor.fetchall()
-        return [d.uuid_value(i) for i in ids], [_context(d, row) for row in found]
+        return FannedOut(
+            [d.uuid_value(i) for i in ids], flipped, [_context(d, row) for row in found]
+        )
 
     # --- claims -----------------------------------------------------------------
 
@@ -477,8 +503,9 @@ class _Statements:
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
-        """PostgreSQL: one statement returning one row per event fanned out
-        (its id, then the claimed notification's columns or NULLs). Elsewhere:
+        """PostgreSQL: one statement returning one row per event taken (its
+        id, whether it was flipped, then the claimed notification's columns or
+        NULLs). Elsewhere:
         ``(find, insert(count), flip(count), read(count))``."""
         d, n, e = self.d, self.n, self.e
         where = [self.undelivered, "e.event_type IS NOT NULL"]
@@ -537,6 +564,8 @@ class _Statements:
             )
         join = f"s.event_type = '{WILDCARD}' OR s.event_type = b.event_type"
         if d.writable_cte:
+            # The events flipped are those the insert found a subscription
+            # for: s is read once, by the same snapshot as the insert.
             created = (
                 f"created AS (INSERT INTO {n} ({columns}) SELECT {values} "
                 f"FROM b JOIN s ON {join} ORDER BY b.id ON CONFLICT DO NOTHING"
@@ -547,18 +576,18 @@ class _Statements:
                 )
             )
             statement = (
-                f"WITH b AS ({select.replace('FROM', 'FROM', 1)}), "
+                f"WITH b AS ({select}), s AS ({pairs}), "
                 f"flipped AS (UPDATE {e} SET delivered = TRUE "
-                f"WHERE id = ANY(ARRAY(SELECT id FROM b))), "
-                f"s AS ({pairs}), {created} "
+                f"WHERE id = ANY(ARRAY(SELECT b.id FROM b JOIN s ON {join})) "
+                f"RETURNING id), {created} "
             )
+            matched = "b.id IN (SELECT id FROM flipped)"
             if not claiming:
-                return statement + "SELECT id FROM b ORDER BY id"
+                return statement + f"SELECT b.id, {matched} FROM b ORDER BY b.id"
             event_columns = ", ".join(f"b.{c}" for c in EVENT_COLUMNS)
             return (
-                statement
-                + f"SELECT b.id, c.id, c.attempts, c.subscriber, {event_columns} "
-                f"FROM b LEFT JOIN created c ON c.event_id = b.id "
+                statement + f"SELECT b.id, {matched}, c.id, c.attempts, c.subscriber, "
+                f"{event_columns} FROM b LEFT JOIN created c ON c.event_id = b.id "
                 f"AND c.state = '{State.RUNNING}' ORDER BY b.id"
             )
         ignore_prefix, ignore_suffix = (
@@ -577,7 +606,13 @@ class _Statements:
 
         @functools.cache
         def flip(count: int) -> str:
-            return f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)}"
+            # Only the events that have a notification now: one whose every
+            # subscription was retired before the insert read them stays
+            # undelivered.
+            return (
+                f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)} "
+                f"AND EXISTS (SELECT 1 FROM {n} x WHERE x.event_id = {e}.id)"
+            )
 
         @functools.cache
         def read(count: int) -> str:

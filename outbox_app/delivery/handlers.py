@@ -11,6 +11,16 @@ locks are released with it, as if it ran alone) or after ``GROUP_SECONDS`` (a
 tenth of the lease, if less): handlers that do not touch the database share
 one commit, the others get one each.
 
+A handler that registers ``transaction.on_commit`` callbacks (one not
+``robust``, at least) is not marked in the group's transaction: its callbacks
+are taken out of Django's list before the commit (its row is fenced by its
+lease in that transaction like the others), run by the relay after it, each
+guarded, and then the rows of such handlers are marked SUCCEEDED (one UPDATE
+per group), or failed with the error of a callback that raised. So a raising
+callback fails only its own row and never the commit, the other handlers'
+callbacks or the process; such a handler is at least once (a crash between
+the commit and the mark runs it again, its writes already committed).
+
 Before each group the batch keeps its lease (:meth:`Batch.keep`): rows another
 relay took over are dropped, and a relay that may have lost its lease renews
 before it starts another handler, so a relay back from a stall never runs
@@ -24,6 +34,7 @@ call returns.
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import threading
@@ -44,6 +55,8 @@ from ..subscribers import DeliveryContext, Handler
 from .batch import Batch
 from .outcomes import Outcomes
 from .retry import RetryPolicy
+
+logger = logging.getLogger("outbox_app.relay")
 
 #: Longest a group of handlers shares one transaction, in seconds (a group
 #: always runs at least one handler). Short enough that a group's locks and its
@@ -94,8 +107,14 @@ class _Runner:
         took."""
         succeeded: list[int] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
+        # The handlers whose on_commit callbacks the relay runs after the
+        # commit, with those callbacks: they are marked once these ran.
+        deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]] = []
         taken = 0
         connection = connections[self.using]
+        # Inside a caller's transaction (a test case, relay_once() in an
+        # atomic block) the callbacks belong to that transaction's commit.
+        outermost = not connection.in_atomic_block
         try:
             with transaction.atomic(using=self.using):
                 callbacks = len(connection.run_on_commit)
@@ -112,9 +131,15 @@ class _Runner:
                         taken += 1
                         error = self.policy.lease_ran_out(context.attempt)
                         queried = False
+                        registered = len(connection.run_on_commit)
                         if error is None:
                             error, queried = self._run_one(context, guard)
-                        if error is None:
+                        later = None
+                        if error is None and outermost:
+                            later = _take_callbacks(connection, registered)
+                        if later:
+                            deferred.append((context, later))
+                        elif error is None:
                             succeeded.append(context.notification_id)
                         else:
                             failures.append((context, error))
@@ -134,6 +159,16 @@ class _Runner:
                     # under this batch's token and locks them until the
                     # commit; if one was taken over, it raises LeaseLost.
                     self.outcomes.succeeded(succeeded, all_or_none=True)
+                    later_ids = [c.notification_id for c, _ in deferred]
+                    if (
+                        guard.queried
+                        and later_ids
+                        and len(self.batch.renew(later_ids)) < len(later_ids)
+                    ):
+                        # The same fence for the handlers marked later: their
+                        # writes commit only while their rows are this
+                        # batch's (leased afresh for their callbacks).
+                        raise LeaseLost("leases of handlers with callbacks lost")
             if not in_transaction:
                 # Nothing was sent in the group's transaction (on PostgreSQL
                 # it did not even begin) and nothing waits for its commit:
@@ -141,10 +176,13 @@ class _Runner:
                 self.outcomes.succeeded(succeeded)
         except LeaseLost:
             # A handler outran the lease and another relay claimed its row:
-            # every write of the group is rolled back, the rows still held are
+            # every write of the group is rolled back (and the callbacks
+            # taken out are dropped with them), the rows still held are
             # handed back, due at once; the others belong to that relay now.
-            released = self.outcomes.released(succeeded)
-            self.outcomes.lost(len(succeeded) - released, "ran in a rolled-back group")
+            held = succeeded + [c.notification_id for c, _ in deferred]
+            released = self.outcomes.released(held)
+            self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
+            deferred = []
         except BaseException:
             # The group's transaction is gone (its connection broke, or the
             # process is being interrupted): its successes were rolled back
@@ -153,7 +191,46 @@ class _Runner:
             self._record(failures)
             raise
         self._record(failures)
+        if deferred:
+            self._after_commit(deferred)
         return taken
+
+    def _after_commit(
+        self, deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]]
+    ) -> None:
+        """Run the ``on_commit`` callbacks of the handlers of ``deferred`` now
+        that their writes committed, in order, each guarded, then record the
+        outcomes: SUCCEEDED (one UPDATE for them all), or a failed attempt
+        with the first error a handler's callback raised (retried, or
+        EXPIRED, by the retry policy). A ``robust`` callback's error is
+        logged, as Django logs it, and fails nothing. A crash before the marks
+        leaves the rows RUNNING until their lease runs out: the handlers then
+        run again, over their committed writes (at least once)."""
+        done: list[int] = []
+        failures: list[tuple[DeliveryContext, BaseException]] = []
+        for context, callbacks in deferred:
+            error = None
+            for func, robust in callbacks:
+                try:
+                    func()
+                except Exception as exc:
+                    if robust or error is not None:
+                        logger.error(
+                            "%s: an on_commit callback of notification %s raised: %s",
+                            self.handler.name,
+                            context.notification_id,
+                            exc,
+                            exc_info=exc,
+                            extra={"subscriber": self.handler.name},
+                        )
+                    else:
+                        error = exc
+            if error is None:
+                done.append(context.notification_id)
+            else:
+                failures.append((context, error))
+        self.outcomes.succeeded(done)
+        self._record(failures)
 
     def _record(self, failures) -> None:
         for context, error in failures:
@@ -193,6 +270,20 @@ class _Runner:
                     raise guard.timed_out()
 
         return guard.run(call)
+
+
+def _take_callbacks(connection, start: int) -> list[tuple[Callable, bool]] | None:
+    """The ``on_commit`` callbacks registered on ``connection`` from position
+    ``start`` on, as ``(func, robust)``, taken out of Django's list so the
+    relay runs them after the commit, when one of them is not ``robust``.
+    None when there is none or all are robust: Django runs those at the
+    commit and logs their errors (``publish()``'s wake-up is one), so they
+    can neither fail the commit nor keep other callbacks from running."""
+    added = connection.run_on_commit[start:]
+    if all(robust for _, _, robust in added):
+        return None
+    del connection.run_on_commit[start:]
+    return [(func, robust) for _, func, robust in added]
 
 
 def event_for(context: DeliveryContext) -> Any:

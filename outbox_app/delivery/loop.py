@@ -18,10 +18,9 @@ import time
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.utils import timezone
-
 from .. import registry
 from ..conf import outbox_settings
+from ..db import database_now
 from ..ids import worker_name
 from ..metrics import relay_metrics
 from ..publishers.base import Publisher
@@ -54,7 +53,8 @@ def relay_once(
         batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
         max_seconds: time budget in seconds for the whole call; ``None``: until
             nothing is due.
-        now: the clock for claims and backoff (tests); default the real time.
+        now: the clock for claims and backoff (tests); default the database's
+            (:func:`~outbox_app.db.database_now`).
         stop: when set (a relay shutting down), no new batch is claimed and the
             unattempted rows of the current handler batch are released.
 
@@ -113,8 +113,8 @@ def deliver(
         batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
         max_seconds: stop claiming new batches after this many seconds; ``None``
             runs until nothing is due. Batches already claimed are finished.
-        now: the clock for claims, backoff and pauses (tests); default the real
-            time, read per batch.
+        now: the clock for claims, backoff and pauses (tests); default the
+            database's (:func:`~outbox_app.db.database_now`), read per batch.
         worker: lease holder name; default :func:`worker_name`.
         rng: randomness for backoff jitter (tests).
         stop: when set, claim no new batch; a handler batch releases the rows
@@ -162,7 +162,7 @@ def deliver(
                     return report
                 runner = runners.get(subscriber)
                 if runner is not None and not pauses.ready(
-                    subscriber, now or timezone.now(), using, rng
+                    subscriber, now or database_now(using), using, rng
                 ):
                     runner.finish()
                     continue
@@ -202,6 +202,7 @@ def deliver(
                         subscriber.name,
                         delivering,
                         [c.deliver_at or c.occurred_at for c in batch.contexts],
+                        database_now(using),
                     )
                 if deadline is not None and time.monotonic() >= deadline:
                     _next_first[using] = active[(position + 1) % len(active)].name

@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from django.db import DatabaseError
-from django.utils import timezone
 
 from ..conf import outbox_settings
-from ..db import storable
+from ..db import database_now, storable
 from ..exceptions import EventExpired, LeaseLost
 from ..metrics import relay_metrics
 from ..registry import dotted_path
@@ -106,6 +105,10 @@ class Outcomes:
         self.token = token
         self.report = report
 
+    def now(self) -> datetime.datetime:
+        """The time outcomes are stamped with: the database's clock."""
+        return database_now(self.gateway.using)
+
     def succeeded(self, ids: Sequence[int], *, all_or_none: bool = False) -> int:
         """Mark ``ids`` SUCCEEDED; the rows no longer held count as lost.
         Returns rows written.
@@ -116,7 +119,7 @@ class Outcomes:
         """
         if not ids:
             return 0
-        written = self.gateway.succeed(self.token, ids, timezone.now())
+        written = self.gateway.succeed(self.token, ids, self.now())
         if all_or_none and written < len(ids):
             raise LeaseLost(f"{len(ids) - written} of {len(ids)} leases lost")
         self.report.succeeded += written
@@ -144,7 +147,7 @@ class Outcomes:
                 error_type=error_type,
                 traceback=text,
                 retry_at=retry_at,
-                now=timezone.now(),
+                now=self.now(),
             )
         except DatabaseError:
             logger.exception(
@@ -196,7 +199,7 @@ class Outcomes:
             [c.notification_id for c in contexts],
             error="the event's expires_at passed before it was delivered",
             error_type=LAPSED_ERROR_TYPE,
-            now=timezone.now(),
+            now=self.now(),
         )
         self.report.lapsed += written
         relay_metrics.outcome(self.subscriber.name, "lapsed", written)
@@ -212,7 +215,7 @@ class Outcomes:
     def released(self, ids: Sequence[int], due: datetime.datetime | None = None) -> int:
         """Hand ``ids`` back unattempted, due at ``due`` (default now). Returns
         rows released; the others are no longer this batch's."""
-        released = self.gateway.release(self.token, ids, timezone.now(), due)
+        released = self.gateway.release(self.token, ids, self.now(), due)
         self.report.released += released
         relay_metrics.outcome(self.subscriber.name, "released", released)
         return released

@@ -60,9 +60,14 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
 
-from ..db import insert_new, storable, transaction_broken, violated_constraint
+from ..db import (
+    database_now,
+    insert_new,
+    storable,
+    transaction_broken,
+    violated_constraint,
+)
 from ..delivery.handlers import Deferral, event_for, time_limit
 from ..delivery.outcomes import recorded_error
 from ..events import unstorable
@@ -300,7 +305,7 @@ def _receive(
     absent = recorded.absent(queue, event_type, mine)
     if not mine and not absent:
         return Tally(ignored=1)
-    if _expired(envelope, timezone.now()):
+    if _expired(envelope, database_now(alias)):
         return Tally(expired=len(mine) + len(absent))
     names = [c.name for c in mine] + absent
     old = _sourceless({(name, columns["message_id"]) for name in names}, alias)
@@ -313,7 +318,9 @@ def _receive(
             )
     for name in absent:
         if (name, columns["message_id"]) not in old:
-            tally += _keep(_kept_row(name, columns, queue, body, timezone.now()), alias)
+            tally += _keep(
+                _kept_row(name, columns, queue, body, database_now(alias)), alias
+            )
     return tally
 
 
@@ -381,7 +388,7 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
     """The batch as one: the inbox rows in one INSERT, then the consumers.
     Raises :class:`_RunAlone` when it cannot be."""
     tally = Tally()
-    now = timezone.now()
+    now = database_now(alias)
     # (message index, consumer or None: kept for an absent one, envelope,
     # body, queue, row)
     runs: list[tuple[int, Consumer | None, dict, bytes, str, InboxMessage]] = []
@@ -587,7 +594,7 @@ def retry_due(
         ~Q(consumer__in=ordered) | Q(aggregate_id="") | ~Exists(earlier)
     )
     for _ in range(limit):
-        moment = now or timezone.now()
+        moment = now or database_now(alias)
         due = (
             InboxMessage.objects.using(alias)
             .filter(runnable, state=InboxState.FAILED, next_retry_at__lte=moment)
@@ -620,7 +627,7 @@ def retry_due(
                 )
                 continue
             row.state, row.attempts = InboxState.HANDLED, row.attempts + 1
-            row.handled_at = row.updated_at = timezone.now()
+            row.handled_at = row.updated_at = database_now(alias)
             row.next_retry_at, row.body = None, ""
             row.save(using=alias)
         tally.handled += 1
@@ -773,7 +780,7 @@ def _first(
     """The first run of a message for ``consumer``: the inbox row first, then
     the consumer, in one transaction. ``failure``: what the consumer raised
     for it already (see :func:`receive`)."""
-    now = timezone.now()
+    now = database_now(alias)
     row = _row(consumer.name, columns, queue, now)
     context = context_for(envelope, consumer, queue, attempt=1)
     try:
@@ -848,7 +855,7 @@ def _failed(
     """Record failed attempt ``attempt`` of ``row``: FAILED, due again after
     the backoff, or PARKED when out of attempts. ``insert``: the row is gone
     with the rollback of a first run (else it is updated by id)."""
-    now = timezone.now()
+    now = database_now(alias)
     retry_at = consumer.policy().retry_at(error, attempt, now)
     message, error_type, text = recorded_error(error)
     values = {
@@ -901,7 +908,7 @@ def _park_undecodable(
 ) -> Tally:
     """Park an undecodable message for ``consumer`` (a duplicate if it is
     parked already)."""
-    now = timezone.now()
+    now = database_now(alias)
     try:
         with transaction.atomic(using=alias):
             InboxMessage.objects.using(alias).create(

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 
 from django.db import transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 
+from ..db import database_now
 from ..exceptions import SubscriptionInUse
 from ..ids import worker_name
 from ..models import ConsumerSubscription, InboxMessage
@@ -160,6 +160,8 @@ def retire(
             if event_type != WILDCARD:
                 failed = failed.filter(event_type=event_type)
             parked += failed.update(
-                state=InboxState.PARKED, next_retry_at=None, updated_at=timezone.now()
+                state=InboxState.PARKED,
+                next_retry_at=None,
+                updated_at=database_now(alias),
             )
     return retired, parked

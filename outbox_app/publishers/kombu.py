@@ -19,7 +19,6 @@ counts as delivered.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import re
 import struct
@@ -35,6 +34,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import pyamqp
 
 from ..conf import mask_url
+from ..db import database_now
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
@@ -634,10 +634,12 @@ def _shortstr(name: str, value: str) -> None:
 def _ttl(context: DeliveryContext) -> int | None:
     """Milliseconds until ``context`` expires (0 if it has), None for an event
     that does not: the AMQP ``expiration`` property (RabbitMQ's per-message
-    TTL, "Time-To-Live and Expiration" in its documentation)."""
+    TTL, "Time-To-Live and Expiration" in its documentation), counted by the
+    outbox database's clock (:func:`~outbox_app.db.database_now`), which the
+    claim checked ``expires_at`` against."""
     if context.expires_at is None:
         return None
-    left = (context.expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+    left = (context.expires_at - database_now()).total_seconds()
     return max(0, math.ceil(left * 1000))
 
 

@@ -256,6 +256,154 @@ def test_a_failing_handler_drops_its_on_commit_callbacks(registered):
     assert sorted(sent) == [0, 2]
 
 
+def test_a_raising_on_commit_callback_fails_only_its_own_row(registered):
+    """A handler's ``on_commit`` callbacks run after its writes committed, each
+    guarded: one that raises fails its row (FAILED with the callback's error,
+    retried), the relay goes on, and every other callback and row is
+    unaffected."""
+    sent = []
+
+    @registered(OrderPlaced, name="cb.mailer")
+    def mailer(event, context):
+        # Idempotent: a retry runs it again over its committed write.
+        SideEffect.objects.get_or_create(handler="cb.mailer", event_id=context.event_id)
+        transaction.on_commit(lambda: sent.append(("first", event.order_id)))
+
+        def send():
+            if event.order_id == 1 and context.attempt == 1:
+                raise ConnectionError("smtp down after the commit")
+            sent.append(("second", event.order_id))
+
+        transaction.on_commit(send)
+        transaction.on_commit(lambda: sent.append(("third", event.order_id)))
+
+    @registered(OrderPlaced, name="cb.pure")
+    def pure(event, context):
+        transaction.on_commit(lambda: sent.append(("pure", event.order_id)))
+
+    @registered(OrderPlaced, name="cb.writer")
+    def writer(event, context):
+        SideEffect.objects.create(handler="cb.writer", event_id=context.event_id)
+
+    events = place(3)
+    report = relay_once()
+    assert (report.succeeded, report.failed, report.expired) == (8, 1, 0)
+    assert sorted(sent) == sorted(
+        [("first", i) for i in range(3)]
+        + [("second", 0), ("second", 2)]
+        + [("third", i) for i in range(3)]
+        + [("pure", i) for i in range(3)]
+    )
+    failed = Notification.objects.get(state=State.FAILED)
+    assert (failed.subscriber, failed.event_id) == ("cb.mailer", events[1].id)
+    assert failed.last_error == "smtp down after the commit"
+    assert failed.last_error_type == "builtins.ConnectionError"
+    assert "in send" in failed.last_traceback
+    assert failed.next_retry_at > failed.updated_at - datetime.timedelta(seconds=1)
+    # Its writes committed before the callbacks ran; the retry runs it again
+    # over them (at least once).
+    assert SideEffect.objects.filter(handler="cb.mailer").count() == 3
+    assert SideEffect.objects.filter(handler="cb.writer").count() == 3
+    report = relay_once(now=later(3600))
+    assert (report.succeeded, report.failed) == (1, 0)
+    assert ("second", 1) in sent
+    assert Notification.objects.filter(state=State.SUCCEEDED).count() == 9
+
+
+def test_handlers_with_callbacks_that_never_query_share_one_mark(registered):
+    """Marked after their callbacks ran, the rows of a group's handlers that
+    registered callbacks still take one UPDATE; a raising callback fails its
+    own row only."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    sent = []
+
+    @registered(OrderPlaced, name="cb.notify")
+    def notify(event, context):
+        def send():
+            if event.order_id == 1:
+                raise ConnectionError("push gateway down")
+            sent.append(event.order_id)
+
+        transaction.on_commit(send)
+
+    place(4)
+    fan_out()
+    with CaptureQueriesContext(connection) as run:
+        report = deliver([get("cb.notify")])
+    assert (report.succeeded, report.failed) == (3, 1)
+    assert sorted(sent) == [0, 2, 3]
+    marks = [
+        q["sql"]
+        for q in run.captured_queries
+        if q["sql"].startswith("UPDATE") and "SUCCEEDED" in q["sql"]
+    ]
+    assert len(marks) == 1
+    failed = Notification.objects.get(state=State.FAILED)
+    assert failed.last_error == "push gateway down"
+
+
+def test_a_raising_on_commit_callback_expires_its_row_after_its_attempts(
+    registered,
+):
+    @registered(OrderPlaced, name="cb.once", max_attempts=1)
+    def once(event, context):
+        transaction.on_commit(lambda: 1 / 0)
+
+    place(2)
+    report = relay_once()
+    assert (report.succeeded, report.expired) == (0, 2)
+    rows = Notification.objects.all()
+    assert set(rows.values_list("state", "last_error_type")) == {
+        (State.EXPIRED, "builtins.ZeroDivisionError")
+    }
+
+
+def test_a_robust_on_commit_callback_that_raises_is_logged_not_failed(
+    registered, caplog
+):
+    @registered(OrderPlaced, name="cb.robust")
+    def robust(event, context):
+        transaction.on_commit(lambda: 1 / 0, robust=True)
+
+    place(1)
+    report = relay_once()
+    assert (report.succeeded, report.failed) == (1, 0)
+    assert "ZeroDivisionError" in caplog.text
+
+
+def test_a_crash_between_the_commit_and_the_mark_runs_the_handler_again(
+    registered,
+):
+    """Interrupted after the commit, before the mark: the row stays RUNNING
+    until its lease runs out, then it is delivered again (at least once)."""
+    calls = []
+
+    @registered(OrderPlaced, name="cb.crash")
+    def crash(event, context):
+        SideEffect.objects.get_or_create(handler="cb.crash", event_id=context.event_id)
+        calls.append(context.attempt)
+        if context.attempt == 1:
+            transaction.on_commit(_interrupt)
+
+    place(1)
+    with pytest.raises(KeyboardInterrupt):
+        relay_once()
+    row = Notification.objects.get()
+    assert row.state == State.RUNNING
+    assert SideEffect.objects.count() == 1  # committed before the callback
+    assert relay_once().claimed == 0  # its lease holds
+    report = relay_once(now=later(outbox_settings.LEASE_SECONDS + 1))
+    assert report.succeeded == 1
+    assert calls == [1, 2]
+    assert Notification.objects.get().state == State.SUCCEEDED
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
 def test_handlers_that_never_query_share_one_commit_the_others_get_one_each(
     registered,
 ):

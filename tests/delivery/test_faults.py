@@ -185,6 +185,32 @@ def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+def test_a_handler_with_callbacks_whose_lease_was_taken_commits_nothing(
+    registered, settings
+):
+    """A handler whose on_commit callbacks run after the commit is fenced by
+    its lease in the group's transaction like the others: taken over
+    meanwhile, its writes roll back and its callbacks never run."""
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    sent, stolen = [], []
+
+    @registered(OrderPlaced, name="cb.stalls")
+    def stalls(event, context):
+        SideEffect.objects.create(handler="cb.stalls", event_id=context.event_id)
+        transaction.on_commit(lambda: sent.append(context.event_id))
+        stolen.append(steal("cb.stalls", 1))
+
+    place(1)
+    fan_out()
+    report = deliver([get("cb.stalls")], batch_size=1)
+    assert stolen == [1]
+    assert (report.succeeded, report.lost) == (0, 1)
+    assert sent == []
+    assert not SideEffect.objects.exists()
+    assert Notification.objects.get().locked_by == "thief:1"
+
+
+@skipUnlessDBFeature("has_select_for_update_skip_locked")
 def test_a_batch_claimed_ahead_whose_lease_ran_out_is_not_run(registered, settings):
     settings.OUTBOX_LEASE_SECONDS = 1.0
     calls, stolen = [], []

@@ -265,3 +265,81 @@ def test_a_rolling_deploy__an_old_relay_fans_out_to_the_new_subscriber(vendor):
         assert set(effects.values_list("event_id", flat=True)) == {
             e.id for e in before + between + after
         }
+
+
+STEPS_ELSEWHERE = Handler(name="steps.elsewhere", event_types=frozenset({"Step"}))
+
+
+def place_steps(n: int) -> list[OutboxEvent]:
+    from django.db import transaction
+
+    from outbox_app import publish
+    from tests.testapp.events import Step
+
+    with transaction.atomic():
+        return publish(*[Step(position=i) for i in range(n)])
+
+
+def retire_as_fan_out_starts(monkeypatch, module, names):
+    """The operator retires ``names`` right after the relay read the
+    subscribed types and before its fan-out statement runs."""
+    from outbox_app.delivery.fanout import subscribed_types
+
+    def types_then_retire(*args, **kwargs):
+        types = subscribed_types(*args, **kwargs)
+        Subscription.objects.filter(subscriber__in=names).retire("test")
+        return types
+
+    monkeypatch.setattr(module, "subscribed_types", types_then_retire)
+
+
+def test_retiring_the_only_subscriber_as_fan_out_runs_leaves_the_events_pending(
+    monkeypatch,
+):
+    """Its events stay undelivered (visible in the status) instead of being
+    marked fanned out to nobody; fan-out pages past them to the events that
+    still have a subscriber."""
+    from outbox_app.delivery import fanout
+
+    Subscription.objects.record([STEPS_ELSEWHERE, ELSEWHERE], "other-host:1")
+    steps = place_steps(3)  # older: the first batches hold them
+    orders = place(3)
+    retire_as_fan_out_starts(monkeypatch, fanout, ["steps.elsewhere"])
+    assert fan_out(subscribers=[], batch_size=2) == 3
+    assert set(OutboxEvent.objects.undelivered().values_list("id", flat=True)) == {
+        e.id for e in steps
+    }
+    assert set(Notification.objects.values_list("event_id", "subscriber")) == {
+        (e.id, "elsewhere") for e in orders
+    }
+    assert status.overview()["undelivered_events"] == 3
+    # Reactivated, the subscriber gets them: nothing was lost.
+    monkeypatch.undo()
+    operations.reactivate(Subscription.objects.filter(subscriber="steps.elsewhere"))
+    assert fan_out(subscribers=[]) == 3
+    assert Notification.objects.filter(subscriber="steps.elsewhere").count() == 3
+
+
+def test_retiring_the_only_subscriber_as_a_folded_claim_runs_leaves_it_pending(
+    monkeypatch, registered
+):
+    """The same on the path that fans out while it claims (a lease)."""
+    from outbox_app.delivery import loop
+
+    @registered("OrderPlaced", name="orders.here")
+    def here(event, context):
+        pass
+
+    Subscription.objects.record([STEPS_ELSEWHERE], "other-host:1")
+    orders = place(1)
+    steps = place_steps(3)
+    orders += place(3)
+    retire_as_fan_out_starts(monkeypatch, loop, ["steps.elsewhere"])
+    report = loop.relay_once(batch_size=2)
+    assert (report.fanned_out, report.succeeded) == (4, 4)
+    assert set(OutboxEvent.objects.undelivered().values_list("id", flat=True)) == {
+        e.id for e in steps
+    }
+    assert set(Notification.objects.values_list("event_id", flat=True)) == {
+        e.id for e in orders
+    }

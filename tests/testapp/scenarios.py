@@ -69,6 +69,19 @@ def slow(event, context):
     time.sleep(0.2)
 
 
+def logged(name: str):
+    """Appends ``name event_id`` to ``$OUTBOX_TEST_LOG`` (outside the
+    database: every run shows, a rolled-back one too), then takes a while, so
+    a relay that takes a lease over while it runs is seen running it twice."""
+
+    def run(event, context):
+        with open(os.environ["OUTBOX_TEST_LOG"], "a") as log:
+            log.write(f"{name} {context.event_id}\n")
+        time.sleep(0.3)
+
+    return run
+
+
 def broken(event, context):
     """Always fails: for failure counters and the dead letter."""
     raise ValueError(f"broken handler refuses event {context.event_id}")
@@ -97,6 +110,8 @@ SETS = {
     "slow": [("slow", OrderPlaced, slow, {})],
     "broken": [("broken", OrderPlaced, broken, {})],
     "garbled": [("garbled", OrderPlaced, garbled, {})],
+    "clock_a": [("clock_a", OrderPlaced, logged("clock_a"), {})],
+    "clock_b": [("clock_b", OrderPlaced, logged("clock_b"), {})],
 }
 
 

@@ -9,9 +9,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count
 from django.template.defaultfilters import pluralize
-from django.utils import timezone
 
 from outbox_app import inbox, operations, registry
+from outbox_app.db import database_now
 from outbox_app.exceptions import OutboxError
 from outbox_app.ids import worker_name
 from outbox_app.inbox import recorded
@@ -147,7 +147,7 @@ class Command(BaseCommand):
         self._table(using)
 
     def _table(self, using: str) -> None:
-        now = timezone.now()
+        now = database_now(using)
         subscriptions = list(
             Subscription.objects.using(using).order_by("subscriber", "event_type")
         )
