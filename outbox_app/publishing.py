@@ -278,6 +278,7 @@ def outbox_action(
             action_params=action.params,
             occurred_at=now,
             created_at=now,
+            payload_bytes=0,
             delivered=False,
         )
         _insert([sentinel], alias)
@@ -388,6 +389,7 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
                 None if aggregate_version is None else aggregate_version + position
             ),
             "payload": encoded.payload,
+            "payload_bytes": _utf8_bytes(encoded.payload_text),
             "headers": envelope,
             "tenant_id": tenant_id,
             "occurred_at": now,
@@ -399,10 +401,16 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     return rows, texts
 
 
+def _utf8_bytes(text: str) -> int:
+    """``len(text.encode())``, without encoding ASCII text."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _insert(
     rows: list[OutboxEvent], alias: str, texts: dict[int, str] | None = None
 ) -> None:
-    """Write ``rows`` with one multi-row ``INSERT ... VALUES``.
+    """Write ``rows`` with one multi-row ``INSERT ... VALUES``; the database
+    numbers their ``position`` in the order of ``rows``.
 
     The ORM's ``bulk_create`` spends most of a publish in the SQL compiler (per
     row, per field) and, on PostgreSQL, sends the rows as ``UNNEST`` arrays that
@@ -491,7 +499,7 @@ def _columns(
     schedule's and the operation only with ``extra``) and
     whether their values cross the DB-API as they are (text, numbers,
     booleans: ``get_db_prep_save`` would return them unchanged), per
-    database."""
+    database. ``position`` is left to the database, which numbers it."""
     native_uuid = connections[alias].features.has_native_uuid_field
     return tuple(
         (
@@ -500,7 +508,8 @@ def _columns(
             or (isinstance(f, models.UUIDField) and native_uuid),
         )
         for f in OutboxEvent._meta.concrete_fields
-        if (action or f.attname not in _ACTION_FIELDS)
+        if f.attname != "position"
+        and (action or f.attname not in _ACTION_FIELDS)
         and (extra or f.attname not in _EXTRA_FIELDS)
     )
 

@@ -62,18 +62,22 @@ class Batch:
         fold: Fold | None = None,
     ) -> Batch:
         """Lease up to ``batch_size`` due rows of ``subscriber`` and read what
-        delivering them needs (one round trip where the database allows).
+        delivering them needs (one round trip where the database allows),
+        their payloads adding up to at most ``OUTBOX_BATCH_BYTES`` (a first
+        row larger than that is taken alone).
 
         With ``fold`` (an unordered subscriber), a batch that is not full is
         topped up from events not fanned out yet, fanning them out and
         claiming ``subscriber``'s share in the same step
-        (:meth:`Gateway.fan_out` with a lease): due rows first, so retries are
-        never starved by new events.
+        (:meth:`Gateway.fan_out` with a lease), within what is left of the
+        byte budget: due rows first, so retries are never starved by new
+        events.
         """
         started = time.monotonic()
         now = now or timezone.now()
         gateway = Gateway(using)
         lease = outbox_settings.LEASE_SECONDS
+        budget = outbox_settings.BATCH_BYTES
         token, contexts = gateway.claim(
             subscriber.stored_names,
             limit=batch_size,
@@ -82,13 +86,16 @@ class Batch:
             now=now,
             ordered=subscriber.ordered,
             event_types=subscriber.event_types,
+            max_bytes=budget,
         )
+        left = budget - sum(c.payload_bytes for c in contexts)
         fanned_out = 0
         if (
             fold is not None
             and fold.types != frozenset()  # nothing subscribed
             and not subscriber.ordered
             and len(contexts) < batch_size
+            and (left > 0 or not contexts)
         ):
             expiry = now + datetime.timedelta(seconds=lease)
             ids, claimed = gateway.fan_out(
@@ -96,7 +103,14 @@ class Batch:
                 batch_size - len(contexts),
                 fold.after,
                 now,
-                Lease(subscriber.name, token, worker, expiry),
+                Lease(
+                    subscriber.name,
+                    token,
+                    worker,
+                    expiry,
+                    max_bytes=left,
+                    at_least_one=not contexts,
+                ),
             )
             if ids:
                 fold.after = ids[-1]

@@ -67,7 +67,11 @@ EVENT_COLUMNS = (
     "deliver_at",
     "expires_at",
     "operation",
+    "payload_bytes",
 )
+
+#: No byte budget: larger than any batch's payloads.
+UNBOUNDED = 2**62
 
 
 def _states(states: Sequence[str]) -> str:
@@ -79,12 +83,17 @@ def _states(states: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class Lease:
     """Who claims what fan-out creates for subscriber ``name``: the lease
-    token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`)."""
+    token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`);
+    and the bytes of payload the claim may still take (``max_bytes``), and
+    whether it takes its first event even when that is larger
+    (``at_least_one``: the batch is empty so far)."""
 
     name: str
     token: uuid.UUID
     worker: str
     expiry: datetime.datetime
+    max_bytes: int = UNBOUNDED
+    at_least_one: bool = True
 
 
 def _reissued_on_deadlock(step):
@@ -149,7 +158,10 @@ class Gateway:
         ``lease.name`` (an unordered subscriber) are created RUNNING, leased
         as :meth:`claim` leases them, and returned ready to deliver, event
         payload included; the others are PENDING. One statement on
-        PostgreSQL, one transaction elsewhere.
+        PostgreSQL, one transaction elsewhere. The batch is then the first
+        events whose payloads add up to at most ``lease.max_bytes`` (and the
+        first event alone, however large, with ``lease.at_least_one``); the
+        rest wait for the next step.
 
         Returns:
             ``(ids fanned out in id order, contexts claimed for lease.name in
@@ -161,6 +173,8 @@ class Gateway:
             select.append(d.uuid_param(after))
         select.append(limit)
         claiming = lease is not None
+        if claiming:
+            select += [lease.max_bytes, int(lease.at_least_one)]
         subs = [lease.name] if claiming else []
         stamp = d.datetime_param(now)
         if claiming:
@@ -209,9 +223,13 @@ class Gateway:
         now: datetime.datetime,
         ordered: bool = False,
         event_types: frozenset[str] | None = None,
+        max_bytes: int = UNBOUNDED,
     ) -> tuple[uuid.UUID, list[DeliveryContext]]:
         """Lease up to ``limit`` due notifications stored under ``names`` and
-        read what delivering them needs, event payload included.
+        read what delivering them needs, event payload included: the first
+        rows in claim order whose payloads add up to at most ``max_bytes``
+        bytes, and always the first row (a payload larger than the budget
+        goes alone).
 
         The rows become RUNNING with ``attempts + 1``, a fresh lease token and
         ``locked_until = next_retry_at = now + lease_seconds``; rows another
@@ -220,8 +238,8 @@ class Gateway:
         ``ordered`` claims each aggregate's head only: a row with no earlier
         unfinished notification of its (subscriber, aggregate), and no earlier
         event of its aggregate and of ``event_types`` still waiting for
-        fan-out; earlier means a lower ``aggregate_version`` when both have
-        one, else a lower event id.
+        fan-out; earlier means a lower ``position`` (publish order, numbered
+        by the database on insert: a total order).
 
         Returns:
             ``(lease token, contexts in notification id order)``.
@@ -234,7 +252,7 @@ class Gateway:
         select = [*names, stamp]
         if ordered and event_types is not None:
             select += sorted(event_types)
-        select.append(limit)
+        select += [limit, max_bytes, 1]
         sql = _statements(self.using, d.vendor)
         key = (len(names), ordered, None if event_types is None else len(event_types))
         if d.writable_cte:
@@ -405,6 +423,7 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         deliver_at,
         expires_at,
         operation,
+        payload_bytes,
     ) = row
     return DeliveryContext(
         event_id=d.uuid_value(event_id),
@@ -425,6 +444,7 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         deliver_at=d.datetime_value(deliver_at),
         expires_at=d.datetime_value(expires_at),
         operation=operation,
+        payload_bytes=payload_bytes,
     )
 
 
@@ -487,17 +507,29 @@ class _Statements:
         if paged:
             where.append("e.id > %s")
         lock = " FOR UPDATE SKIP LOCKED" if d.skip_locked else ""
-        read_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        copied_columns = [
+            "id",
+            "event_type",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "tenant_id",
+            "deliver_at",
+            "position",
+            "payload_bytes",
+        ]
         batch_columns = (
-            read_columns
+            [*EVENT_COLUMNS, "position"]
             if claiming and d.writable_cte
-            else "e.id, e.event_type, e.aggregate_type, e.aggregate_id, "
-            "e.aggregate_version, e.tenant_id, e.deliver_at"
+            else copied_columns
         )
         select = (
-            f"SELECT {batch_columns} FROM {e} e "
+            f"SELECT {', '.join(f'e.{c}' for c in batch_columns)} FROM {e} e "
             f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
         )
+        if claiming:
+            # What the claim may hold: the first events within its budget.
+            select = self._within_budget(select, batch_columns, "id")
         # (name, event type or * for every type[, claimed 1/0]) per active
         # subscription, read where the notifications are written.
         claimed = (
@@ -511,13 +543,14 @@ class _Statements:
         )
         columns = (
             "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
-            "aggregate_version, tenant_id, deliver_at, state, attempts, next_retry_at, "
-            "locked_until, locked_by, lease_token, last_error, last_error_type, "
-            "last_traceback, created_at, updated_at"
+            "aggregate_version, tenant_id, deliver_at, position, payload_bytes, "
+            "state, attempts, next_retry_at, locked_until, locked_by, lease_token, "
+            "last_error, last_error_type, last_traceback, created_at, updated_at"
         )
         copied = (
             "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
-            "b.aggregate_version, b.tenant_id, b.deliver_at"
+            "b.aggregate_version, b.tenant_id, b.deliver_at, b.position, "
+            "b.payload_bytes"
         )
         # A scheduled event's rows are due at its deliver_at (publish() stores
         # only times still ahead), so the claim's index orders them by it; they
@@ -547,7 +580,7 @@ class _Statements:
                 )
             )
             statement = (
-                f"WITH b AS ({select.replace('FROM', 'FROM', 1)}), "
+                f"WITH b AS ({select}), "
                 f"flipped AS (UPDATE {e} SET delivered = TRUE "
                 f"WHERE id = ANY(ARRAY(SELECT id FROM b))), "
                 f"s AS ({pairs}), {created} "
@@ -597,9 +630,26 @@ class _Statements:
 
     # -- claims
 
+    def _within_budget(self, rows: str, columns: Sequence[str], order: str) -> str:
+        """The first rows of ``rows`` (a SELECT of ``columns``, ``payload_bytes``
+        and the columns of ``order``, locked where the database locks) in
+        ``order`` whose payloads add up to at most a budget in bytes (the
+        first parameter after ``rows``'), and at least as many rows as the
+        second one says (1: a payload over the budget goes alone; 0: none).
+        The running sum is taken outside the locking SELECT (PostgreSQL
+        refuses window functions beside ``FOR UPDATE``); the few rows locked
+        past the budget are left as they were."""
+        names = ", ".join(columns)
+        return (
+            f"SELECT {names} FROM (SELECT {names}, SUM(payload_bytes) OVER "
+            f"(ORDER BY {order} ROWS UNBOUNDED PRECEDING) AS running, "
+            f"ROW_NUMBER() OVER (ORDER BY {order}) AS n FROM ({rows}) k) w "
+            "WHERE w.running <= %s OR w.n <= %s"
+        )
+
     def _candidates(self, names: int, ordered: bool, types: int | None) -> str:
         """Due rows of a subscriber's names, in claim order, locked skipping the
-        rows another relay holds."""
+        rows another relay holds: ``id, next_retry_at, payload_bytes``."""
         d, n, e = self.d, self.n, self.e
         where = [
             f"c.subscriber IN ({', '.join(['%s'] * names)})",
@@ -607,11 +657,10 @@ class _Statements:
             "c.next_retry_at <= %s",
         ]
         if ordered:
-            earlier = (
-                "({x}.{id} < c.event_id AND (c.aggregate_version IS NULL "
-                "OR {x}.aggregate_version IS NULL) "
-                "OR {x}.aggregate_version < c.aggregate_version)"
-            )
+            # Publish order: positions are numbered by the database on insert,
+            # so any two events of an aggregate compare (event ids come from
+            # several hosts' clocks; versions may be missing).
+            earlier = "{x}.position < c.position"
             # Each candidate, in claim order, is probed by index until the
             # batch is full (the fence). As anti-joins, PostgreSQL's plans
             # swung with the statistics: on never-analyzed tables a nested
@@ -624,7 +673,7 @@ class _Statements:
                 "AND u.aggregate_type = c.aggregate_type "
                 "AND u.aggregate_id = c.aggregate_id "
                 f"AND u.state IN ({self.unfinished}) "
-                f"AND {earlier.format(x='u', id='event_id')}{fence})"
+                f"AND {earlier.format(x='u')}{fence})"
             )
             waiting = [
                 self.undelivered,
@@ -636,7 +685,7 @@ class _Statements:
                 waiting.append(f"e.event_type IN ({', '.join(['%s'] * types)})")
             where.append(
                 f"NOT EXISTS (SELECT 1 FROM {e} e WHERE {' AND '.join(waiting)} "
-                f"AND {earlier.format(x='e', id='id')}{fence})"
+                f"AND {earlier.format(x='e')}{fence})"
             )
         lock = ""
         if d.skip_locked:
@@ -646,7 +695,8 @@ class _Statements:
                 else " FOR UPDATE SKIP LOCKED"
             )
         return (
-            f"SELECT c.id FROM {n} c WHERE {' AND '.join(where)} "
+            f"SELECT c.id, c.next_retry_at, c.payload_bytes FROM {n} c "
+            f"WHERE {' AND '.join(where)} "
             f"ORDER BY c.next_retry_at, c.id LIMIT %s{lock}"
         )
 
@@ -654,13 +704,17 @@ class _Statements:
     def claim(self, names: int, ordered: bool, types: int | None):
         """PostgreSQL: one statement. SQLite: ``(claim, read(count))``.
         MariaDB: ``(lock, mark(count), read(count))``. Parameters: the lease's,
-        then the candidates'."""
+        then the candidates', then the byte budget and 1 (at least one row)."""
         d, n, e = self.d, self.n, self.e
         assign = (
             f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
             "locked_by = %s, locked_until = %s, next_retry_at = %s, updated_at = %s"
         )
-        candidates = self._candidates(names, ordered, types if ordered else None)
+        candidates = self._within_budget(
+            self._candidates(names, ordered, types if ordered else None),
+            ["id"],
+            "next_retry_at, id",
+        )
         event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
         if d.writable_cte:
             # = ANY(ARRAY(...)): the candidates become one array, computed once,
