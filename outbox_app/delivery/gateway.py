@@ -700,6 +700,13 @@ class _Statements:
             f"ORDER BY c.next_retry_at, c.id LIMIT %s{lock}"
         )
 
+    def claim_ids(self, names: int, ordered: bool, types: int | None) -> str:
+        """The ids a claim takes: its candidates within the byte budget.
+        Parameters: the candidates', then the budget in bytes and 1."""
+        return self._within_budget(
+            self._candidates(names, ordered, types), ["id"], "next_retry_at, id"
+        )
+
     @functools.cache  # noqa: B019
     def claim(self, names: int, ordered: bool, types: int | None):
         """PostgreSQL: one statement. SQLite: ``(claim, read(count))``.
@@ -710,11 +717,7 @@ class _Statements:
             f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
             "locked_by = %s, locked_until = %s, next_retry_at = %s, updated_at = %s"
         )
-        candidates = self._within_budget(
-            self._candidates(names, ordered, types if ordered else None),
-            ["id"],
-            "next_retry_at, id",
-        )
+        candidates = self.claim_ids(names, ordered, types if ordered else None)
         event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
         if d.writable_cte:
             # = ANY(ARRAY(...)): the candidates become one array, computed once,
