@@ -40,6 +40,7 @@ class Batch:
         now: the claim's clock; :meth:`clock` moves it on with the time spent.
         started: ``time.monotonic()`` at the claim.
         renewed: ``time.monotonic()`` when the rows were last leased.
+        payload_bytes: the claimed rows' payload bytes (as published).
     """
 
     subscriber: Subscriber
@@ -50,6 +51,7 @@ class Batch:
     started: float
     renewed: float
     fanned_out: int = 0
+    payload_bytes: int = 0
 
     @classmethod
     def claim(
@@ -121,11 +123,26 @@ class Batch:
             taken = {c.notification_id for c in contexts}
             contexts += [c for c in claimed if c.notification_id not in taken]
         return cls(
-            subscriber, gateway, token, contexts, now, started, started, fanned_out
+            subscriber,
+            gateway,
+            token,
+            contexts,
+            now,
+            started,
+            started,
+            fanned_out,
+            sum(c.payload_bytes for c in contexts),
         )
 
     def __len__(self) -> int:
         return len(self.contexts)
+
+    def near_budget(self) -> bool:
+        """Whether the byte budget may have cut this batch short: its payloads
+        leave less room under ``OUTBOX_BATCH_BYTES`` than one payload may
+        take (``OUTBOX_MAX_PAYLOAD_BYTES``), so rows may wait behind it."""
+        room = outbox_settings.BATCH_BYTES - self.payload_bytes
+        return self.payload_bytes > 0 and room < outbox_settings.MAX_PAYLOAD_BYTES
 
     def take_lapsed(self) -> list[DeliveryContext]:
         """Remove from the batch, and return, the rows whose event expired
