@@ -97,3 +97,19 @@ def test_an_oversized_event_is_fanned_out_and_claimed_alone(budget):
     fold = Fold(subscribed_types([PLAIN]))
     assert claim(PLAIN, fold) == events[:1]
     assert claim(PLAIN, fold) == events[1:]
+
+
+def test_one_relay_pass_drains_batches_cut_by_the_budget(budget, registered):
+    """A batch the budget cut short counts as full: the relay claims again
+    at once instead of taking it for the end of the backlog."""
+    from outbox_app.delivery import relay_once
+
+    seen = []
+
+    @registered("Blob", name="bytes.drain")
+    def drain(event, context):
+        seen.append(context.event_id)
+
+    events = [e.id for e in blobs(*[1012] * 7)]
+    report = relay_once()
+    assert report.succeeded == 7 and sorted(seen) == sorted(events)
