@@ -13,6 +13,12 @@ Commands (an ``outbox_bench`` database, as for ``bench/bench_users.py``)::
     # the rate with small payloads: 20,000 events of 100 bytes
     DATABASE_URL=$PG .venv/bin/python -m bench.bench_memory --events 20000 \\
         --payload-bytes 100 --to handler --rounds 3
+    # the claim alone: 200 claims of 500 rows over 20,000 PENDING rows of
+    # 100 bytes (unordered, then ordered), each released at once
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_memory --events 20000 \\
+        --payload-bytes 100 --backlog
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_memory --claims 200
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_memory --claims 200 --ordered
 
 ``--events`` events of type ``bench.Blob`` whose payload JSON is
 ``--payload-bytes`` long are published (``publish()``, 10 per transaction,
@@ -99,13 +105,94 @@ def run_relay(expected: int, **env: str) -> tuple[float, float]:
     return elapsed, peak / 1024
 
 
+def claims(count: int, ordered: bool) -> list[float]:
+    """Seconds of each of ``count`` claims of ``OUTBOX_BATCH_SIZE`` rows (one
+    subscriber, ordered or not) over the PENDING rows :func:`backlog` made,
+    each batch released at once: the claim alone, as the relay sends it."""
+    import inspect
+
+    from django.utils import timezone
+
+    from outbox_app.conf import outbox_settings
+    from outbox_app.delivery.gateway import Gateway
+
+    gateway = Gateway()
+    budget = {}
+    if "max_bytes" in inspect.signature(gateway.claim).parameters:
+        budget["max_bytes"] = outbox_settings.BATCH_BYTES  # this tree bounds bytes
+    name = "bench.ordered" if ordered else "bench.blob"
+    times = []
+    for _ in range(count):
+        began = time.perf_counter()
+        token, contexts = gateway.claim(
+            [name],
+            limit=outbox_settings.BATCH_SIZE,
+            lease_seconds=60,
+            worker="bench",
+            now=timezone.now(),
+            ordered=ordered,
+            event_types=frozenset({EVENT_TYPE}),
+            **budget,
+        )
+        times.append(time.perf_counter() - began)
+        assert len(contexts) == outbox_settings.BATCH_SIZE, len(contexts)
+        gateway.release(token, [c.notification_id for c in contexts], timezone.now())
+    return times
+
+
+def backlog(events: int, payload_bytes: int) -> None:
+    """``events`` events fanned out to ``bench.blob`` (unordered) and
+    ``bench.ordered`` (ordered, one event per aggregate), all PENDING."""
+    from outbox_app.delivery import fan_out
+    from outbox_app.subscribers import Handler
+
+    reset()
+    blob = "x" * max(0, payload_bytes - len('{"blob": ""}'))
+    for start in range(0, events, 1000):
+        with transaction.atomic():
+            for n in range(start, min(events, start + 1000)):
+                publish(
+                    {"event_type": EVENT_TYPE, "payload": {"blob": blob}},
+                    aggregate=("bench.Blob", n),
+                )
+    types = frozenset({EVENT_TYPE})
+    fan_out(
+        subscribers=[
+            Handler(name="bench.blob", event_types=types),
+            Handler(name="bench.ordered", event_types=types, ordered=True),
+        ]
+    )
+    vacuum()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=300)
     parser.add_argument("--payload-bytes", type=int, default=1_000_000)
     parser.add_argument("--to", choices=("handler", "rabbitmq"), default="handler")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--claims",
+        type=int,
+        help="time this many claims over a backlog of --events rows (made by "
+        "--backlog) instead of running the relay",
+    )
+    parser.add_argument("--ordered", action="store_true", help="with --claims")
+    parser.add_argument(
+        "--backlog", action="store_true", help="make the --claims backlog, then exit"
+    )
     args = parser.parse_args()
+    if args.backlog:
+        backlog(args.events, args.payload_bytes)
+        return
+    if args.claims:
+        times = claims(args.claims, args.ordered)
+        print(
+            f"{args.claims} {'ordered ' if args.ordered else ''}claims: median "
+            f"{statistics.median(times) * 1000:.2f} ms, mean "
+            f"{statistics.mean(times) * 1000:.2f} ms"
+        )
+        return
     if args.to == "handler":
         env = {"BENCH_BLOB_HANDLER": "1"}
     else:

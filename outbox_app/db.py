@@ -202,6 +202,20 @@ class Dialect:
             return f"{column} = ANY(%s)"
         return f"{column} IN ({', '.join(['%s'] * count)})"
 
+    def positions(self, table: str, count: int) -> list[str] | None:
+        """SQL for the ``position`` of each of ``count`` rows one INSERT
+        writes into ``table`` (quoted), in order, where the INSERT is to give
+        it: SQLite, where numbering them here saves the trigger's UPDATE per
+        row (its writers are serialised, so ``MAX() + n`` is free). None
+        where the column's default numbers them (see
+        :func:`number_positions`)."""
+        if self.vendor != "sqlite":
+            return None
+        return [
+            f"(SELECT COALESCE(MAX(position), 0) + {n} FROM {table})"
+            for n in range(1, count + 1)
+        ]
+
     def list_params(self, values: list) -> list:
         """The parameters :meth:`in_list` expects for ``values``."""
         return [list(values)] if self.array_parameter else list(values)

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import tracing
 from .conf import outbox_settings
-from .db import PRIMARY_KEY, notify_relays, violated_constraint
+from .db import PRIMARY_KEY, dialect, notify_relays, violated_constraint
 from .events import Event, encode, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
@@ -499,7 +499,7 @@ def _columns(
     schedule's and the operation only with ``extra``) and
     whether their values cross the DB-API as they are (text, numbers,
     booleans: ``get_db_prep_save`` would return them unchanged), per
-    database. ``position`` is left to the database, which numbers it."""
+    database. ``position`` is not among them: the database numbers it."""
     native_uuid = connections[alias].features.has_native_uuid_field
     return tuple(
         (
@@ -516,14 +516,22 @@ def _columns(
 
 @functools.cache
 def _insert_sql(alias: str, count: int, action: bool, extra: bool) -> str:
-    """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached."""
+    """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached;
+    positions in the statement where the database wants them there
+    (:meth:`~outbox_app.db.Dialect.positions`)."""
     quote = connections[alias].ops.quote_name
-    fields = [f for f, _ in _columns(alias, action, extra)]
-    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    table = quote(OutboxEvent._meta.db_table)
+    names = [quote(f.column) for f, _ in _columns(alias, action, extra)]
+    values = ["%s"] * len(names)
+    positions = dialect(alias).positions(table, count)
+    if positions is None:
+        rows = [values] * count
+    else:
+        names.append(quote("position"))
+        rows = [[*values, position] for position in positions]
     return (
-        f"INSERT INTO {quote(OutboxEvent._meta.db_table)} "
-        f"({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES {', '.join([one] * count)}"
+        f"INSERT INTO {table} ({', '.join(names)}) "
+        f"VALUES {', '.join('(' + ', '.join(row) + ')' for row in rows)}"
     )
 
 

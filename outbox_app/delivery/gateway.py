@@ -634,7 +634,7 @@ class _Statements:
         """The first rows of ``rows`` (a SELECT of ``columns``, ``payload_bytes``
         and the columns of ``order``, locked where the database locks) in
         ``order`` whose payloads add up to at most a budget in bytes (the
-        first parameter after ``rows``'), and at least as many rows as the
+        first parameter after ``rows``'s), and at least as many rows as the
         second one says (1: a payload over the budget goes alone; 0: none).
         The running sum is taken outside the locking SELECT (PostgreSQL
         refuses window functions beside ``FOR UPDATE``); the few rows locked
