@@ -196,10 +196,13 @@ class Gateway:
             contexts = [_context(d, row[1:]) for row in found if row[1] is not None]
             contexts.sort(key=lambda c: c.notification_id)
             return ids, contexts
-        find, insert, flip, read = text
+        find, lock, insert, flip, read = text
         with transaction.atomic(using=self.using), self._cursor() as cursor:
             cursor.execute(find, select)
             ids = [row[0] for row in cursor.fetchall()]
+            if ids and lock is not None:
+                cursor.execute(lock(len(ids)), ids)
+                ids = [row[0] for row in cursor.fetchall()]
             if not ids:
                 return [], []
             cursor.execute(insert(len(ids)), [*values, *subs, *ids])
@@ -499,7 +502,8 @@ class _Statements:
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
         """PostgreSQL: one statement returning one row per event fanned out
         (its id, then the claimed notification's columns or NULLs). Elsewhere:
-        ``(find, insert(count), flip(count), read(count))``."""
+        ``(find, lock(count) or None, insert(count), flip(count),
+        read(count))``."""
         d, n, e = self.d, self.n, self.e
         where = [self.undelivered, "e.event_type IS NOT NULL"]
         if type_count is not None:
@@ -523,9 +527,14 @@ class _Statements:
             if claiming and d.writable_cte
             else copied_columns
         )
+        # MySQL/MariaDB read a row whole, off-page payload included, to lock
+        # it (InnoDB's exclusive locking reads): a claiming batch is chosen
+        # without locks, within its budget, and only those events are locked.
+        lock_later = claiming and not d.writable_cte and bool(lock)
         select = (
             f"SELECT {', '.join(f'e.{c}' for c in batch_columns)} FROM {e} e "
-            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
+            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s"
+            + ("" if lock_later else lock)
         )
         if claiming:
             # What the claim may hold: the first events within its budget.
@@ -619,10 +628,20 @@ class _Statements:
                 "AND c.lease_token = %s"
             )
 
-        # Parameters: the find's; the insert's values, subscriptions, ids; the
-        # flip's ids; the read's ids, name and token (see Gateway.fan_out).
+        def locked(count: int) -> str:
+            """The chosen events still waiting for fan-out, locked, skipping
+            those another relay holds."""
+            return (
+                f"SELECT e.id FROM {e} e WHERE {d.in_list('e.id', count)} AND "
+                f"{self.undelivered} ORDER BY e.id{lock}"
+            )
+
+        # Parameters: the find's; the lock's ids; the insert's values,
+        # subscriptions, ids; the flip's ids; the read's ids, name and token
+        # (see Gateway.fan_out).
         return (
             select,
+            functools.cache(locked) if lock_later else None,
             functools.cache(insert),
             functools.cache(flip),
             functools.cache(read),
