@@ -201,7 +201,9 @@ class Gateway:
             cursor.execute(find, select)
             ids = [row[0] for row in cursor.fetchall()]
             if ids and lock is not None:
-                cursor.execute(lock(len(ids)), ids)
+                # The find's filters (its limit and budget left out), then
+                # the last id chosen and how many were.
+                cursor.execute(lock, [*select[:-3], ids[-1], len(ids)])
                 ids = [row[0] for row in cursor.fetchall()]
             if not ids:
                 return [], []
@@ -502,8 +504,7 @@ class _Statements:
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
         """PostgreSQL: one statement returning one row per event fanned out
         (its id, then the claimed notification's columns or NULLs). Elsewhere:
-        ``(find, lock(count) or None, insert(count), flip(count),
-        read(count))``."""
+        ``(find, lock or None, insert(count), flip(count), read(count))``."""
         d, n, e = self.d, self.n, self.e
         where = [self.undelivered, "e.event_type IS NOT NULL"]
         if type_count is not None:
@@ -628,20 +629,19 @@ class _Statements:
                 "AND c.lease_token = %s"
             )
 
-        def locked(count: int) -> str:
-            """The chosen events still waiting for fan-out, locked, skipping
-            those another relay holds."""
-            return (
-                f"SELECT e.id FROM {e} e WHERE {d.in_list('e.id', count)} AND "
-                f"{self.undelivered} ORDER BY e.id{lock}"
-            )
-
-        # Parameters: the find's; the lock's ids; the insert's values,
+        # The chosen events (up to the last one chosen, as many), locked,
+        # skipping those another relay holds: the find's scan, bounded.
+        locked = (
+            f"SELECT e.id FROM {e} e WHERE {' AND '.join(where)} AND e.id <= %s "
+            f"ORDER BY e.id LIMIT %s{lock}"
+        )
+        # Parameters: the find's; the lock's: the find's filters, the last id
+        # chosen and how many; the insert's values,
         # subscriptions, ids; the flip's ids; the read's ids, name and token
         # (see Gateway.fan_out).
         return (
             select,
-            functools.cache(locked) if lock_later else None,
+            locked if lock_later else None,
             functools.cache(insert),
             functools.cache(flip),
             functools.cache(read),
