@@ -64,11 +64,12 @@ def fill(rows: int, per: int) -> None:
         )
         cursor.execute(
             "INSERT INTO outbox_app_notification (event_id, subscriber, event_type, "
-            "aggregate_type, aggregate_id, aggregate_version, state, attempts, "
-            "next_retry_at, locked_by, last_error, last_error_type, last_traceback, "
-            "created_at, updated_at) "
+            "aggregate_type, aggregate_id, aggregate_version, position, state, "
+            "attempts, next_retry_at, locked_by, last_error, last_error_type, "
+            "last_traceback, created_at, updated_at) "
             "SELECT id, %s, event_type, aggregate_type, aggregate_id, "
-            "aggregate_version, 'PENDING', 0, created_at, '', '', '', '', now(), now() "
+            "aggregate_version, position, 'PENDING', 0, created_at, '', '', '', '', "
+            "now(), now() "
             "FROM outbox_app_outboxevent",
             [SUBSCRIBER],
         )

@@ -52,6 +52,12 @@ DEFAULTS: dict[str, Setting] = {
         "Rows claimed per batch by fan-out and delivery (chosen by measurement: "
         "docs/settings.md).",
     ),
+    "BATCH_BYTES": Setting(
+        8 * 1024 * 1024,
+        "Payload bytes (UTF-8 JSON) claimed per batch at most, besides "
+        "BATCH_SIZE rows; a larger payload is claimed alone (chosen by "
+        "measurement: docs/settings.md).",
+    ),
     "POLL_INTERVAL": Setting(
         1.0, "Longest idle wait of the relay loop between polls, in seconds."
     ),
@@ -146,6 +152,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RETRY_MAX_SECONDS": ("outbox.E005", *SECONDS),
     "LEASE_SECONDS": ("outbox.E006", *SECONDS),
     "BATCH_SIZE": ("outbox.E007", positive_int, "a positive integer (rows)"),
+    "BATCH_BYTES": ("outbox.E024", positive_int, "a positive integer (bytes)"),
     "POLL_INTERVAL": ("outbox.E008", *SECONDS),
     "RETENTION_DAYS": ("outbox.E009", positive_int, "a positive integer (days)"),
     "PUBLISHERS": ("outbox.E010", valid_publishers, "a dict of name -> options"),

@@ -223,6 +223,20 @@ class Dialect:
             return f"{column} = ANY(%s)"
         return f"{column} IN ({', '.join(['%s'] * count)})"
 
+    def positions(self, table: str, count: int) -> list[str] | None:
+        """SQL for the ``position`` of each of ``count`` rows one INSERT
+        writes into ``table`` (quoted), in order, where the INSERT is to give
+        it: SQLite, where numbering them here saves the trigger's UPDATE per
+        row (its writers are serialised, so ``MAX() + n`` is free). None
+        where the column's default numbers them (see
+        :func:`number_positions`)."""
+        if self.vendor != "sqlite":
+            return None
+        return [
+            f"(SELECT COALESCE(MAX(position), 0) + {n} FROM {table})"
+            for n in range(1, count + 1)
+        ]
+
     def list_params(self, values: list) -> list:
         """The parameters :meth:`in_list` expects for ``values``."""
         return [list(values)] if self.array_parameter else list(values)
@@ -390,6 +404,98 @@ def _reading(alias: str, sql: str) -> _Reading:
             offset,
         )
     return reading
+
+
+def _update_from(vendor: str, table: str, source: str, on: str, columns) -> str:
+    """``UPDATE table t`` setting each of ``columns`` to the same column of the
+    rows of ``source`` (aliased ``o``) matched by ``on``: ``UPDATE ... FROM``
+    (PostgreSQL, SQLite 3.33+) or a multi-table ``UPDATE ... JOIN``
+    (MySQL/MariaDB, where the target's columns are qualified)."""
+    if vendor == "mysql":
+        assign = ", ".join(f"t.{c} = o.{c}" for c in columns)
+        return f"UPDATE {table} t JOIN {source} o ON {on} SET {assign}"
+    assign = ", ".join(f"{c} = o.{c}" for c in columns)
+    return f"UPDATE {table} AS t SET {assign} FROM {source} AS o WHERE {on}"
+
+
+def number_positions(schema_editor, model: type[models.Model]) -> None:
+    """Number the existing rows of ``model`` (``OutboxEvent``) in its
+    ``position`` column in id order (1, 2, ...), and have the database number
+    each row inserted later without one (left out, or NULL) after every
+    number given so far, whoever inserts it (``publish()``, the ORM, raw SQL).
+
+    PostgreSQL: a sequence as the column's default, and a trigger for an
+    explicit NULL (the ORM writes every column). MySQL/MariaDB:
+    ``AUTO_INCREMENT`` (allowed on a column that leads an index: its unique
+    index). SQLite: a trigger taking ``MAX(position) + 1`` after each row
+    (its writers are serialised, so no two take the same number). SQLite
+    loses a table's triggers when Django rebuilds the table (most
+    ``AlterField`` operations there): a later migration that rebuilds this
+    table runs this again (the numbering of existing rows is kept: only
+    NULLs are numbered).
+    """
+    connection = schema_editor.connection
+    vendor = connection.vendor
+    q = connection.ops.quote_name
+    table = model._meta.db_table
+    t, seq, trigger = q(table), f"{table}_position_seq", q(f"{table}_position")
+    numbered = (
+        f"(SELECT id, ROW_NUMBER() OVER (ORDER BY id) "
+        f"+ (SELECT COALESCE(MAX(position), 0) FROM {t}) AS position "
+        f"FROM {t} WHERE position IS NULL)"
+    )
+    statements = [_update_from(vendor, t, numbered, "o.id = t.id", ["position"])]
+    if vendor == "postgresql":
+        statements += [
+            f"CREATE SEQUENCE IF NOT EXISTS {q(seq)} OWNED BY {t}.position",
+            f"SELECT setval('{seq}', COALESCE(MAX(position), 0) + 1, false) FROM {t}",
+            f"ALTER TABLE {t} ALTER COLUMN position SET DEFAULT nextval('{seq}')",
+            f"CREATE OR REPLACE FUNCTION {trigger}() RETURNS trigger "
+            f"LANGUAGE plpgsql AS $$ BEGIN NEW.position := nextval('{seq}'); "
+            "RETURN NEW; END $$",
+            f"DROP TRIGGER IF EXISTS {trigger} ON {t}",
+            f"CREATE TRIGGER {trigger} BEFORE INSERT ON {t} FOR EACH ROW "
+            f"WHEN (NEW.position IS NULL) EXECUTE FUNCTION {trigger}()",
+        ]
+    elif vendor == "mysql":
+        statements.append(f"ALTER TABLE {t} MODIFY position bigint AUTO_INCREMENT")
+    else:
+        statements += [
+            f"DROP TRIGGER IF EXISTS {trigger}",
+            f"CREATE TRIGGER {trigger} AFTER INSERT ON {t} FOR EACH ROW "
+            f"WHEN NEW.position IS NULL BEGIN UPDATE {t} SET position = "
+            f"(SELECT COALESCE(MAX(position), 0) + 1 FROM {t}) "
+            "WHERE rowid = NEW.rowid; END",
+        ]
+    for statement in statements:
+        schema_editor.execute(statement, params=None)
+
+
+def json_bytes(vendor: str, column: str) -> str:
+    """SQL for the length in bytes of the JSON text stored in ``column``
+    (0 for NULL)."""
+    text = {
+        "postgresql": f"octet_length({column}::text)",
+        "mysql": f"LENGTH({column})",
+    }.get(vendor, f"length(CAST({column} AS BLOB))")
+    return f"COALESCE({text}, 0)"
+
+
+def copy_to_deliveries(schema_editor, events, deliveries, columns) -> None:
+    """Copy ``columns`` of each event (model ``events``) onto its deliveries
+    (model ``deliveries``, whose ``event_id`` names it): one UPDATE."""
+    connection = schema_editor.connection
+    q = connection.ops.quote_name
+    schema_editor.execute(
+        _update_from(
+            connection.vendor,
+            q(deliveries._meta.db_table),
+            q(events._meta.db_table),
+            "o.id = t.event_id",
+            columns,
+        ),
+        params=None,
+    )
 
 
 #: What :func:`violated_constraint` returns for a primary key.

@@ -88,6 +88,21 @@ class OutboxEvent(models.Model):
             "skipped (EventExpired). Empty: never expires."
         ),
     )
+    position = models.BigIntegerField(
+        null=True,
+        unique=True,
+        editable=False,
+        help_text=_(
+            "Publish order, numbered by the database when the row is inserted "
+            "(a row inserted without one gets the next number): ordered "
+            "subscribers receive an aggregate's events in this order."
+        ),
+    )
+    payload_bytes = models.PositiveIntegerField(
+        db_default=0,
+        editable=False,
+        help_text=_("Length of the payload's JSON text, in bytes (UTF-8)."),
+    )
     delivered = models.BooleanField(
         _("fanned out"),
         help_text=_(
@@ -121,7 +136,7 @@ class OutboxEvent(models.Model):
             # Ordered claims: does an aggregate have an earlier event still
             # waiting for fan-out (gateway.py)? Only waiting rows are indexed.
             FilteredIndex(
-                fields=["aggregate_type", "aggregate_id", "aggregate_version", "id"],
+                fields=["aggregate_type", "aggregate_id", "position"],
                 name="outbox_event_undelivered_agg",
                 when=Q(delivered=False),
                 fallback_prefix=["delivered"],
@@ -141,6 +156,8 @@ class OutboxEvent(models.Model):
         "aggregate_version",
         "tenant_id",
         "deliver_at",
+        "position",
+        "payload_bytes",
     )
 
     def __str__(self) -> str:
@@ -157,9 +174,10 @@ class Notification(models.Model):
     ``next_retry_at`` is when the row is next claimable: now for a new row (its
     event's ``deliver_at`` if scheduled later), the backoff time for a FAILED
     one, and the lease expiry (``locked_until``) for a RUNNING one, so one
-    index serves every claim. The event's type and aggregate
-    are copied here at fan-out so claims and per-aggregate ordering read this
-    table alone; the payload is read through the ``event`` join.
+    index serves every claim. The event's type, aggregate, position and
+    payload size are copied here at fan-out so claims, per-aggregate ordering
+    and the batch's byte budget read this table alone; the payload is read
+    through the ``event`` join.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -179,6 +197,17 @@ class Notification(models.Model):
         null=True,
         blank=True,
         help_text=_("The event's scheduled time, copied at fan-out."),
+    )
+    position = models.BigIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("The event's publish order, copied at fan-out."),
+    )
+    payload_bytes = models.PositiveIntegerField(
+        db_default=0,
+        editable=False,
+        help_text=_("The event's payload size in bytes, copied at fan-out."),
     )
     state = models.CharField(max_length=16, choices=State, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -215,9 +244,10 @@ class Notification(models.Model):
                 when=Q(state__in=CLAIMABLE),
                 fallback_prefix=["state"],
             ),
-            # Ordered subscribers: unfinished rows of one aggregate.
+            # Ordered subscribers: unfinished rows of one aggregate, in
+            # publish order.
             FilteredIndex(
-                fields=["subscriber", "aggregate_type", "aggregate_id", "event"],
+                fields=["subscriber", "aggregate_type", "aggregate_id", "position"],
                 name="outbox_notification_order",
                 when=Q(state__in=UNFINISHED),
                 fallback_prefix=[],

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import tracing
 from .conf import outbox_settings
-from .db import PRIMARY_KEY, notify_relays, violated_constraint
+from .db import PRIMARY_KEY, dialect, notify_relays, violated_constraint
 from .events import Event, encode, require_storable, to_json, validate_event_type
 from .exceptions import (
     DuplicateAggregateVersion,
@@ -281,6 +281,7 @@ def outbox_action(
             action_params=action.params,
             occurred_at=now,
             created_at=now,
+            payload_bytes=0,
             delivered=False,
         )
         _insert([sentinel], alias)
@@ -403,6 +404,7 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
                 None if aggregate_version is None else aggregate_version + position
             ),
             "payload": encoded.payload,
+            "payload_bytes": _utf8_bytes(encoded.payload_text),
             "headers": envelope,
             "tenant_id": tenant_id,
             "occurred_at": now,
@@ -414,10 +416,16 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     return rows, texts
 
 
+def _utf8_bytes(text: str) -> int:
+    """``len(text.encode())``, without encoding ASCII text."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _insert(
     rows: list[OutboxEvent], alias: str, texts: dict[int, str] | None = None
 ) -> None:
-    """Write ``rows`` with one multi-row ``INSERT ... VALUES``.
+    """Write ``rows`` with one multi-row ``INSERT ... VALUES``; the database
+    numbers their ``position`` in the order of ``rows``.
 
     The ORM's ``bulk_create`` spends most of a publish in the SQL compiler (per
     row, per field) and, on PostgreSQL, sends the rows as ``UNNEST`` arrays that
@@ -506,7 +514,7 @@ def _columns(
     schedule's and the operation only with ``extra``) and
     whether their values cross the DB-API as they are (text, numbers,
     booleans: ``get_db_prep_save`` would return them unchanged), per
-    database."""
+    database. ``position`` is not among them: the database numbers it."""
     native_uuid = connections[alias].features.has_native_uuid_field
     return tuple(
         (
@@ -515,21 +523,30 @@ def _columns(
             or (isinstance(f, models.UUIDField) and native_uuid),
         )
         for f in OutboxEvent._meta.concrete_fields
-        if (action or f.attname not in _ACTION_FIELDS)
+        if f.attname != "position"
+        and (action or f.attname not in _ACTION_FIELDS)
         and (extra or f.attname not in _EXTRA_FIELDS)
     )
 
 
 @functools.cache
 def _insert_sql(alias: str, count: int, action: bool, extra: bool) -> str:
-    """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached."""
+    """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached;
+    positions in the statement where the database wants them there
+    (:meth:`~outbox_app.db.Dialect.positions`)."""
     quote = connections[alias].ops.quote_name
-    fields = [f for f, _ in _columns(alias, action, extra)]
-    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    table = quote(OutboxEvent._meta.db_table)
+    names = [quote(f.column) for f, _ in _columns(alias, action, extra)]
+    values = ["%s"] * len(names)
+    positions = dialect(alias).positions(table, count)
+    if positions is None:
+        rows = [values] * count
+    else:
+        names.append(quote("position"))
+        rows = [[*values, position] for position in positions]
     return (
-        f"INSERT INTO {quote(OutboxEvent._meta.db_table)} "
-        f"({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES {', '.join([one] * count)}"
+        f"INSERT INTO {table} ({', '.join(names)}) "
+        f"VALUES {', '.join('(' + ', '.join(row) + ')' for row in rows)}"
     )
 
 

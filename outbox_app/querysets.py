@@ -64,13 +64,22 @@ class NotificationQuerySet(QuerySet):
         return self.filter(_scheduled(now or database_now(self.db)))
 
     def blocked_aggregates(self) -> int:
-        """How many (subscriber, aggregate) pairs an EXPIRED row holds back.
+        """How many (subscriber, aggregate) pairs are stuck: each has an
+        EXPIRED row, which holds back the pair's later rows until an operator
+        requeues or skips it. Each pair counts once, however many of its rows
+        are EXPIRED or wait behind them; rows without an aggregate hold
+        nothing back and are not counted.
 
-        Meaningful on ordered subscribers' rows: call it on
+        An ordered subscriber's aggregates follow publish order
+        (``position``, a total order), so a pair stops for good only behind
+        an EXPIRED row: a FAILED head is retried, a RUNNING one's lease runs
+        out, a scheduled one comes due, an event waiting for fan-out is
+        fanned out. Meaningful on ordered subscribers' rows: call it on
         ``for_subscribers(ordered_names)``.
         """
         return (
-            self.filter(state=State.EXPIRED)
+            self.filter(state=State.EXPIRED, aggregate_id__isnull=False)
+            .order_by()
             .values("subscriber", "aggregate_type", "aggregate_id")
             .distinct()
             .count()

@@ -47,6 +47,8 @@ class DeliveryContext:
             model), or None.
         expires_at: when the event expires (``publish(expires_at=...)``):
             a delivery not made by then is skipped. None: never.
+        payload_bytes: the length of the payload's JSON text as published,
+            in bytes (what a batch's ``OUTBOX_BATCH_BYTES`` counts).
     """
 
     event_id: uuid.UUID
@@ -67,6 +69,7 @@ class DeliveryContext:
     deliver_at: datetime.datetime | None = None
     expires_at: datetime.datetime | None = None
     operation: str | None = None
+    payload_bytes: int = 0
 
 
 @dataclass(eq=False)

@@ -27,3 +27,10 @@ if os.environ.get("BENCH_LATENCY_FILE"):
     def record_start(event: OrderPlaced, context) -> None:
         started = time.time()
         _out.write(f"{context.event_id} {started}\n")
+
+
+if os.environ.get("BENCH_BLOB_HANDLER") == "1":
+
+    @handler("bench.Blob", name="bench.blob")
+    def blob(event, context) -> None:
+        pass

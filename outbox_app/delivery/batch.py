@@ -41,6 +41,7 @@ class Batch:
             time spent.
         started: ``time.monotonic()`` at the claim.
         renewed: ``time.monotonic()`` when the rows were last leased.
+        payload_bytes: the claimed rows' payload bytes (as published).
     """
 
     subscriber: Subscriber
@@ -51,6 +52,7 @@ class Batch:
     started: float
     renewed: float
     fanned_out: int = 0
+    payload_bytes: int = 0
 
     @classmethod
     def claim(
@@ -63,18 +65,22 @@ class Batch:
         fold: Fold | None = None,
     ) -> Batch:
         """Lease up to ``batch_size`` due rows of ``subscriber`` and read what
-        delivering them needs (one round trip where the database allows).
+        delivering them needs (one round trip where the database allows),
+        their payloads adding up to at most ``OUTBOX_BATCH_BYTES`` (a first
+        row larger than that is taken alone).
 
         With ``fold`` (an unordered subscriber), a batch that is not full is
         topped up from events not fanned out yet, fanning them out and
         claiming ``subscriber``'s share in the same step
-        (:meth:`Gateway.fan_out` with a lease): due rows first, so retries are
-        never starved by new events.
+        (:meth:`Gateway.fan_out` with a lease), within what is left of the
+        byte budget: due rows first, so retries are never starved by new
+        events.
         """
         started = time.monotonic()
         now = now or database_now(using)
         gateway = Gateway(using)
         lease = outbox_settings.LEASE_SECONDS
+        budget = outbox_settings.BATCH_BYTES
         token, contexts = gateway.claim(
             subscriber.stored_names,
             limit=batch_size,
@@ -83,13 +89,16 @@ class Batch:
             now=now,
             ordered=subscriber.ordered,
             event_types=subscriber.event_types,
+            max_bytes=budget,
         )
+        left = budget - sum(c.payload_bytes for c in contexts)
         fanned_out = 0
         if (
             fold is not None
             and fold.types != frozenset()  # nothing subscribed
             and not subscriber.ordered
             and len(contexts) < batch_size
+            and (left > 0 or not contexts)
         ):
             expiry = now + datetime.timedelta(seconds=lease)
             step = gateway.fan_out(
@@ -97,7 +106,14 @@ class Batch:
                 batch_size - len(contexts),
                 fold.after,
                 now,
-                Lease(subscriber.name, token, worker, expiry),
+                Lease(
+                    subscriber.name,
+                    token,
+                    worker,
+                    expiry,
+                    max_bytes=left,
+                    at_least_one=not contexts,
+                ),
             )
             if step.scanned:
                 fold.after = step.scanned[-1]
@@ -108,11 +124,26 @@ class Batch:
             taken = {c.notification_id for c in contexts}
             contexts += [c for c in step.contexts if c.notification_id not in taken]
         return cls(
-            subscriber, gateway, token, contexts, now, started, started, fanned_out
+            subscriber,
+            gateway,
+            token,
+            contexts,
+            now,
+            started,
+            started,
+            fanned_out,
+            sum(c.payload_bytes for c in contexts),
         )
 
     def __len__(self) -> int:
         return len(self.contexts)
+
+    def near_budget(self) -> bool:
+        """Whether the byte budget may have cut this batch short: its payloads
+        leave less room under ``OUTBOX_BATCH_BYTES`` than one payload may
+        take (``OUTBOX_MAX_PAYLOAD_BYTES``), so rows may wait behind it."""
+        room = outbox_settings.BATCH_BYTES - self.payload_bytes
+        return self.payload_bytes > 0 and room < outbox_settings.MAX_PAYLOAD_BYTES
 
     def take_lapsed(self) -> list[DeliveryContext]:
         """Remove from the batch, and return, the rows whose event expired

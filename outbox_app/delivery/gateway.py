@@ -67,7 +67,11 @@ EVENT_COLUMNS = (
     "deliver_at",
     "expires_at",
     "operation",
+    "payload_bytes",
 )
+
+#: No byte budget: larger than any batch's payloads.
+UNBOUNDED = 2**62
 
 
 def _states(states: Sequence[str]) -> str:
@@ -99,12 +103,17 @@ class FannedOut:
 @dataclass(frozen=True)
 class Lease:
     """Who claims what fan-out creates for subscriber ``name``: the lease
-    token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`)."""
+    token, the worker and the lease's expiry (see :meth:`Gateway.fan_out`);
+    and the bytes of payload the claim may still take (``max_bytes``), and
+    whether it takes its first event even when that is larger
+    (``at_least_one``: the batch is empty so far)."""
 
     name: str
     token: uuid.UUID
     worker: str
     expiry: datetime.datetime
+    max_bytes: int = UNBOUNDED
+    at_least_one: bool = True
 
 
 def _reissued_on_deadlock(step):
@@ -172,7 +181,10 @@ class Gateway:
         ``lease.name`` (an unordered subscriber) are created RUNNING, leased
         as :meth:`claim` leases them, and returned ready to deliver, event
         payload included; the others are PENDING. One statement on
-        PostgreSQL, one transaction elsewhere.
+        PostgreSQL, one transaction elsewhere. The batch is then the first
+        events whose payloads add up to at most ``lease.max_bytes`` (and the
+        first event alone, however large, with ``lease.at_least_one``); the
+        rest wait for the next step.
 
         Returns:
             :class:`FannedOut`.
@@ -183,6 +195,8 @@ class Gateway:
             select.append(d.uuid_param(after))
         select.append(limit)
         claiming = lease is not None
+        if claiming:
+            select += [lease.max_bytes, int(lease.at_least_one)]
         subs = [lease.name] if claiming else []
         stamp = d.datetime_param(now)
         if claiming:
@@ -205,10 +219,15 @@ class Gateway:
             contexts = [_context(d, row[2:]) for row in found if row[2] is not None]
             contexts.sort(key=lambda c: c.notification_id)
             return FannedOut(ids, flipped, contexts)
-        find, insert, flip, read = text
+        find, lock, insert, flip, read = text
         with transaction.atomic(using=self.using), self._cursor() as cursor:
             cursor.execute(find, select)
             ids = [row[0] for row in cursor.fetchall()]
+            if ids and lock is not None:
+                # The find's filters (its limit and budget left out), then
+                # the last id chosen and how many were.
+                cursor.execute(lock, [*select[:-3], ids[-1], len(ids)])
+                ids = [row[0] for row in cursor.fetchall()]
             if not ids:
                 return FannedOut([], 0, [])
             cursor.execute(insert(len(ids)), [*values, *subs, *ids])
@@ -235,9 +254,13 @@ class Gateway:
         now: datetime.datetime,
         ordered: bool = False,
         event_types: frozenset[str] | None = None,
+        max_bytes: int = UNBOUNDED,
     ) -> tuple[uuid.UUID, list[DeliveryContext]]:
         """Lease up to ``limit`` due notifications stored under ``names`` and
-        read what delivering them needs, event payload included.
+        read what delivering them needs, event payload included: the first
+        rows in claim order whose payloads add up to at most ``max_bytes``
+        bytes, and always the first row (a payload larger than the budget
+        goes alone).
 
         The rows become RUNNING with ``attempts + 1``, a fresh lease token and
         ``locked_until = next_retry_at = now + lease_seconds``; rows another
@@ -246,8 +269,8 @@ class Gateway:
         ``ordered`` claims each aggregate's head only: a row with no earlier
         unfinished notification of its (subscriber, aggregate), and no earlier
         event of its aggregate and of ``event_types`` still waiting for
-        fan-out; earlier means a lower ``aggregate_version`` when both have
-        one, else a lower event id.
+        fan-out; earlier means a lower ``position`` (publish order, numbered
+        by the database on insert: a total order).
 
         Returns:
             ``(lease token, contexts in notification id order)``.
@@ -260,7 +283,7 @@ class Gateway:
         select = [*names, stamp]
         if ordered and event_types is not None:
             select += sorted(event_types)
-        select.append(limit)
+        select += [limit, max_bytes, 1]
         sql = _statements(self.using, d.vendor)
         key = (len(names), ordered, None if event_types is None else len(event_types))
         if d.writable_cte:
@@ -431,6 +454,7 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         deliver_at,
         expires_at,
         operation,
+        payload_bytes,
     ) = row
     return DeliveryContext(
         event_id=d.uuid_value(event_id),
@@ -451,6 +475,7 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         deliver_at=d.datetime_value(deliver_at),
         expires_at=d.datetime_value(expires_at),
         operation=operation,
+        payload_bytes=payload_bytes,
     )
 
 
@@ -506,7 +531,7 @@ class _Statements:
         """PostgreSQL: one statement returning one row per event taken (its
         id, whether it was flipped, then the claimed notification's columns or
         NULLs). Elsewhere:
-        ``(find, insert(count), flip(count), read(count))``."""
+        ``(find, lock or None, insert(count), flip(count), read(count))``."""
         d, n, e = self.d, self.n, self.e
         where = [self.undelivered, "e.event_type IS NOT NULL"]
         if type_count is not None:
@@ -514,17 +539,34 @@ class _Statements:
         if paged:
             where.append("e.id > %s")
         lock = " FOR UPDATE SKIP LOCKED" if d.skip_locked else ""
-        read_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        copied_columns = [
+            "id",
+            "event_type",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "tenant_id",
+            "deliver_at",
+            "position",
+            "payload_bytes",
+        ]
         batch_columns = (
-            read_columns
+            [*EVENT_COLUMNS, "position"]
             if claiming and d.writable_cte
-            else "e.id, e.event_type, e.aggregate_type, e.aggregate_id, "
-            "e.aggregate_version, e.tenant_id, e.deliver_at"
+            else copied_columns
         )
+        # MySQL/MariaDB read a row whole, off-page payload included, to lock
+        # it (InnoDB's exclusive locking reads): a claiming batch is chosen
+        # without locks, within its budget, and only those events are locked.
+        lock_later = claiming and not d.writable_cte and bool(lock)
         select = (
-            f"SELECT {batch_columns} FROM {e} e "
-            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s{lock}"
+            f"SELECT {', '.join(f'e.{c}' for c in batch_columns)} FROM {e} e "
+            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s"
+            + ("" if lock_later else lock)
         )
+        if claiming:
+            # What the claim may hold: the first events within its budget.
+            select = self._within_budget(select, batch_columns, "id")
         # (name, event type or * for every type[, claimed 1/0]) per active
         # subscription, read where the notifications are written.
         claimed = (
@@ -538,13 +580,14 @@ class _Statements:
         )
         columns = (
             "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
-            "aggregate_version, tenant_id, deliver_at, state, attempts, next_retry_at, "
-            "locked_until, locked_by, lease_token, last_error, last_error_type, "
-            "last_traceback, created_at, updated_at"
+            "aggregate_version, tenant_id, deliver_at, position, payload_bytes, "
+            "state, attempts, next_retry_at, locked_until, locked_by, lease_token, "
+            "last_error, last_error_type, last_traceback, created_at, updated_at"
         )
         copied = (
             "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
-            "b.aggregate_version, b.tenant_id, b.deliver_at"
+            "b.aggregate_version, b.tenant_id, b.deliver_at, b.position, "
+            "b.payload_bytes"
         )
         # A scheduled event's rows are due at its deliver_at (publish() stores
         # only times still ahead), so the claim's index orders them by it; they
@@ -621,10 +664,19 @@ class _Statements:
                 "AND c.lease_token = %s"
             )
 
-        # Parameters: the find's; the insert's values, subscriptions, ids; the
-        # flip's ids; the read's ids, name and token (see Gateway.fan_out).
+        # The chosen events (up to the last one chosen, as many), locked,
+        # skipping those another relay holds: the find's scan, bounded.
+        locked = (
+            f"SELECT e.id FROM {e} e WHERE {' AND '.join(where)} AND e.id <= %s "
+            f"ORDER BY e.id LIMIT %s{lock}"
+        )
+        # Parameters: the find's; the lock's: the find's filters, the last id
+        # chosen and how many; the insert's values,
+        # subscriptions, ids; the flip's ids; the read's ids, name and token
+        # (see Gateway.fan_out).
         return (
             select,
+            locked if lock_later else None,
             functools.cache(insert),
             functools.cache(flip),
             functools.cache(read),
@@ -632,9 +684,26 @@ class _Statements:
 
     # -- claims
 
+    def _within_budget(self, rows: str, columns: Sequence[str], order: str) -> str:
+        """The first rows of ``rows`` (a SELECT of ``columns``, ``payload_bytes``
+        and the columns of ``order``, locked where the database locks) in
+        ``order`` whose payloads add up to at most a budget in bytes (the
+        first parameter after ``rows``'s), and at least as many rows as the
+        second one says (1: a payload over the budget goes alone; 0: none).
+        The running sum is taken outside the locking SELECT (PostgreSQL
+        refuses window functions beside ``FOR UPDATE``); the few rows locked
+        past the budget are left as they were."""
+        names = ", ".join(columns)
+        return (
+            f"SELECT {names} FROM (SELECT {names}, SUM(payload_bytes) OVER "
+            f"(ORDER BY {order} ROWS UNBOUNDED PRECEDING) AS running, "
+            f"ROW_NUMBER() OVER (ORDER BY {order}) AS n FROM ({rows}) k) w "
+            "WHERE w.running <= %s OR w.n <= %s"
+        )
+
     def _candidates(self, names: int, ordered: bool, types: int | None) -> str:
         """Due rows of a subscriber's names, in claim order, locked skipping the
-        rows another relay holds."""
+        rows another relay holds: ``id, next_retry_at, payload_bytes``."""
         d, n, e = self.d, self.n, self.e
         where = [
             f"c.subscriber IN ({', '.join(['%s'] * names)})",
@@ -642,11 +711,10 @@ class _Statements:
             "c.next_retry_at <= %s",
         ]
         if ordered:
-            earlier = (
-                "({x}.{id} < c.event_id AND (c.aggregate_version IS NULL "
-                "OR {x}.aggregate_version IS NULL) "
-                "OR {x}.aggregate_version < c.aggregate_version)"
-            )
+            # Publish order: positions are numbered by the database on insert,
+            # so any two events of an aggregate compare (event ids come from
+            # several hosts' clocks; versions may be missing).
+            earlier = "{x}.position < c.position"
             # Each candidate, in claim order, is probed by index until the
             # batch is full (the fence). As anti-joins, PostgreSQL's plans
             # swung with the statistics: on never-analyzed tables a nested
@@ -659,7 +727,7 @@ class _Statements:
                 "AND u.aggregate_type = c.aggregate_type "
                 "AND u.aggregate_id = c.aggregate_id "
                 f"AND u.state IN ({self.unfinished}) "
-                f"AND {earlier.format(x='u', id='event_id')}{fence})"
+                f"AND {earlier.format(x='u')}{fence})"
             )
             waiting = [
                 self.undelivered,
@@ -671,7 +739,7 @@ class _Statements:
                 waiting.append(f"e.event_type IN ({', '.join(['%s'] * types)})")
             where.append(
                 f"NOT EXISTS (SELECT 1 FROM {e} e WHERE {' AND '.join(waiting)} "
-                f"AND {earlier.format(x='e', id='id')}{fence})"
+                f"AND {earlier.format(x='e')}{fence})"
             )
         lock = ""
         if d.skip_locked:
@@ -681,21 +749,29 @@ class _Statements:
                 else " FOR UPDATE SKIP LOCKED"
             )
         return (
-            f"SELECT c.id FROM {n} c WHERE {' AND '.join(where)} "
+            f"SELECT c.id, c.next_retry_at, c.payload_bytes FROM {n} c "
+            f"WHERE {' AND '.join(where)} "
             f"ORDER BY c.next_retry_at, c.id LIMIT %s{lock}"
+        )
+
+    def claim_ids(self, names: int, ordered: bool, types: int | None) -> str:
+        """The ids a claim takes: its candidates within the byte budget.
+        Parameters: the candidates', then the budget in bytes and 1."""
+        return self._within_budget(
+            self._candidates(names, ordered, types), ["id"], "next_retry_at, id"
         )
 
     @functools.cache  # noqa: B019
     def claim(self, names: int, ordered: bool, types: int | None):
         """PostgreSQL: one statement. SQLite: ``(claim, read(count))``.
         MariaDB: ``(lock, mark(count), read(count))``. Parameters: the lease's,
-        then the candidates'."""
+        then the candidates', then the byte budget and 1 (at least one row)."""
         d, n, e = self.d, self.n, self.e
         assign = (
             f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
             "locked_by = %s, locked_until = %s, next_retry_at = %s, updated_at = %s"
         )
-        candidates = self._candidates(names, ordered, types if ordered else None)
+        candidates = self.claim_ids(names, ordered, types if ordered else None)
         event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
         if d.writable_cte:
             # = ANY(ARRAY(...)): the candidates become one array, computed once,

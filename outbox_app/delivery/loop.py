@@ -175,9 +175,14 @@ def deliver(
                     Outcomes(batch.gateway, subscriber, batch.token, report).lapsed(
                         lapsed
                     )
-                # A full batch may have more behind it; so may any batch of an
-                # ordered subscriber, which claims only each aggregate's head.
-                more = claimed == batch_size or (subscriber.ordered and claimed)
+                # A full batch (in rows, or in bytes) may have more behind it;
+                # so may any batch of an ordered subscriber, which claims only
+                # each aggregate's head.
+                more = (
+                    claimed == batch_size
+                    or batch.near_budget()
+                    or (subscriber.ordered and claimed)
+                )
                 if more:
                     still_busy.append(subscriber)
                     # A backlog: claim the next batch on a second connection

@@ -99,7 +99,8 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
             for position in range(3):
                 publish(Step(position=position), aggregate=("shop.Cart", str(cart)))
     fan_out(subscribers=[ORDERED])
-    candidates = _statements("default", vendor)._candidates(1, True, 1)
+    # The claim's statement: the candidates, and the byte budget around them.
+    candidates = _statements("default", vendor).claim_ids(1, True, 1)
     now = dialect("default").datetime_param(timezone.now())
     explain = "EXPLAIN QUERY PLAN" if vendor == "sqlite" else "EXPLAIN"
     with connection.cursor() as cursor:
@@ -107,7 +108,7 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
             for model in (Notification, OutboxEvent):
                 cursor.execute(f"ANALYZE TABLE {model._meta.db_table}")
                 cursor.fetchall()
-        cursor.execute(f"{explain} {candidates}", ["ord", now, "Step", 500])
+        cursor.execute(f"{explain} {candidates}", ["ord", now, "Step", 500, 2**40, 1])
         rows = cursor.fetchall()
     if vendor == "postgresql":
         plan = "\n".join(row[0] for row in rows)
