@@ -48,8 +48,9 @@ COLUMNS = {field.column for field in OutboxEvent._meta.concrete_fields}
 #: One line of test_decoding: ``table public.t: INSERT: id[uuid]:'...' ...``.
 _LINE = re.compile(r"table (?P<table>[^:]+): (?P<op>[A-Z]+):(?P<rest>.*)")
 #: One column of a tuple: ``name[type]:value``, the value quoted ('' escapes a
-#: quote) or bare (null, numbers, booleans).
-_COLUMN = re.compile(r"(\w+)\[[^\]]+\]:('(?:[^']|'')*'|\S+)")
+#: quote) or bare (null, numbers, booleans); a name that is an SQL keyword
+#: (``"position"``) in double quotes, as test_decoding quotes identifiers.
+_COLUMN = re.compile(r"\"?(\w+)\"?\[[^\]]+\]:('(?:[^']|'')*'|\S+)")
 
 
 @dataclass(frozen=True)
