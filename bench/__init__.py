@@ -48,7 +48,7 @@ def publish_orders(count: int, aggregate_type: str, **schedule: Any) -> None:
 def without_claim_ahead() -> Iterator[None]:
     """The relay as it was before claiming the next batch ahead: one batch at a
     time on one connection (to show what the overlap buys)."""
-    from outbox_app.delivery.batch import ClaimAhead
+    from outbox_app.relay.batch import ClaimAhead
 
     submit = ClaimAhead.submit
     ClaimAhead.submit = lambda self, subscriber, claim: None

@@ -38,7 +38,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from outbox_app.states import CLAIMABLE
+from outbox_app.store.lifecycle import CLAIMABLE
 
 BATCH = 500
 N, E = "outbox_app_notification", "outbox_app_outboxevent"

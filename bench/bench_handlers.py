@@ -13,7 +13,7 @@ Per round, on the same database, interleaved:
 * **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
   ``--events`` committed events, batches of ``--batch-size``: what one
   ``manage.py relay`` process does. Handlers share one transaction per group
-  (``outbox_app.delivery.handlers.GROUP_SECONDS``), each in a savepoint, one
+  (``outbox_app.relay.handlers.GROUP_SECONDS``), each in a savepoint, one
   UPDATE marks the group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
   connection (``bench.without_claim_ahead``);
@@ -55,10 +55,10 @@ from bench import (  # noqa: E402
     without_claim_ahead,
 )
 from outbox_app import Notification, publish  # noqa: E402
-from outbox_app.delivery import deliver, fan_out  # noqa: E402
-from outbox_app.delivery import handlers as delivery_handlers  # noqa: E402
-from outbox_app.events import decode  # noqa: E402
-from outbox_app.states import State  # noqa: E402
+from outbox_app.events.codec import decode  # noqa: E402
+from outbox_app.relay import deliver, fan_out  # noqa: E402
+from outbox_app.relay import handlers as delivery_handlers  # noqa: E402
+from outbox_app.store.lifecycle import State  # noqa: E402
 from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 

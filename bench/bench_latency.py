@@ -40,7 +40,8 @@ from django.db import connection, transaction  # noqa: E402
 
 from bench import clear, percentile  # noqa: E402
 from outbox_app import handler, publish  # noqa: E402
-from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
+from outbox_app.publishing.outbox import events_committed  # noqa: E402
+from outbox_app.relay.wake import wake_relays  # noqa: E402
 
 EVENT_TYPE = "bench1.Ping"
 QUEUE = "outbox-bench-latency"
@@ -49,7 +50,7 @@ QUEUE = "outbox-bench-latency"
 def relay(log: str, path: str) -> None:
     """The relay process: one handler that records when it starts, or the
     confirm-timing publisher (path ``broker``)."""
-    from outbox_app.worker import RelayWorker
+    from outbox_app.relay.worker import RelayWorker
 
     if path == "handler":
         out = open(log, "a", buffering=1)  # noqa: SIM115 - open until exit

@@ -51,7 +51,7 @@ from bench.bench_users import (  # sets up Django with bench.settings
     reset,
 )
 from outbox_app import Notification, publish
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 
 EVENT_TYPE = "bench.Blob"
 
@@ -114,7 +114,7 @@ def claims(count: int, ordered: bool) -> list[float]:
     from django.utils import timezone
 
     from outbox_app.conf import outbox_settings
-    from outbox_app.delivery.gateway import Gateway
+    from outbox_app.store.gateway import Gateway
 
     gateway = Gateway()
     budget = {}
@@ -143,7 +143,7 @@ def claims(count: int, ordered: bool) -> list[float]:
 def backlog(events: int, payload_bytes: int) -> None:
     """``events`` events fanned out to ``bench.blob`` (unordered) and
     ``bench.ordered`` (ordered, one event per aggregate), all PENDING."""
-    from outbox_app.delivery import fan_out
+    from outbox_app.relay import fan_out
     from outbox_app.subscribers import Handler
 
     reset()

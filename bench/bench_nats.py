@@ -56,8 +56,8 @@ from bench.bench_users import (  # noqa: E402
     start_up,
 )
 from outbox_app import OutboxEvent  # noqa: E402
-from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.nats import JetStreamPublisher  # noqa: E402
+from outbox_app.relay import deliver, fan_out  # noqa: E402
 
 URL = "nats://127.0.0.1:4222"
 STREAM = "OUTBOX_BENCH"

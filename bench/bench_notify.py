@@ -27,8 +27,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from outbox_app import publish  # noqa: E402
-from outbox_app.db import CHANNEL  # noqa: E402
-from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
+from outbox_app.publishing.outbox import events_committed  # noqa: E402
+from outbox_app.relay.wake import CHANNEL, wake_relays  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 from tests.testapp.models import Order  # noqa: E402
 

@@ -35,7 +35,7 @@ django.setup()
 from django.db import OperationalError, connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from outbox_app.delivery.gateway import _statements  # noqa: E402
+from outbox_app.store.gateway import _statements  # noqa: E402
 
 SHAPES = [(8_000, 4), (8_000, 1), (100_000, 2_000), (100_000, 1)]
 SUBSCRIBER = "bench.ordered"

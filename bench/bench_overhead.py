@@ -35,8 +35,9 @@ from django.utils import timezone  # noqa: E402
 
 from outbox_app import OutboxEvent, publish  # noqa: E402
 from outbox_app.conf import outbox_settings  # noqa: E402
-from outbox_app.models import new_event_id  # noqa: E402
-from outbox_app.publishing import events_committed, wake_relays  # noqa: E402
+from outbox_app.events.ids import new_event_id  # noqa: E402
+from outbox_app.publishing.outbox import events_committed  # noqa: E402
+from outbox_app.relay.wake import wake_relays  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 from tests.testapp.models import Order  # noqa: E402
 

@@ -34,9 +34,9 @@ from django.utils import timezone  # noqa: E402
 
 from bench import clear, context_for, lock_skipping_locked  # noqa: E402
 from outbox_app import Notification, publish  # noqa: E402
-from outbox_app.delivery import deliver, fan_out  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
-from outbox_app.states import State  # noqa: E402
+from outbox_app.relay import deliver, fan_out  # noqa: E402
+from outbox_app.store.lifecycle import State  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 
 

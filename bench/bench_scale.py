@@ -7,7 +7,7 @@ History (SUCCEEDED notifications and their delivered events) is generated in the
 database (``generate_series`` on PostgreSQL, the ``seq_1_to_N`` sequence table on
 MariaDB). 2,000 due PENDING rows of the benchmark subscriber sit on top. A claim
 is ``Gateway().claim([subscriber], limit=100, ...)``
-(``outbox_app.delivery.gateway``: the relay's claim, rows and payloads read);
+(``outbox_app.store.gateway``: the relay's claim, rows and payloads read);
 10 claims take 1,000 rows, then the rows are put back (outside the clock).
 Unordered and ordered (each aggregate's head) claims are measured. The history
 grows from ``--small`` to ``--large`` rows between the two phases; the
@@ -87,7 +87,7 @@ def claims(ordered: bool, passes: int) -> list[float]:
     """Seconds per claim of 100 rows."""
     from django.utils import timezone
 
-    from outbox_app.delivery.gateway import Gateway
+    from outbox_app.store.gateway import Gateway
 
     gateway = Gateway()
     times = []
@@ -132,7 +132,7 @@ def drain() -> None:
     fork+exec, so a child would report its parent's peak if that was higher.
     """
     from outbox_app import handler
-    from outbox_app.worker import RelayWorker
+    from outbox_app.relay.worker import RelayWorker
 
     handler(EVENT_TYPE, name="bench1-rss")(lambda event, context: None)
     report = RelayWorker(kind="handler", once=True).run()

@@ -10,7 +10,7 @@ A commit of one ``publish()`` of one event, timed from entering
 ``transaction.atomic()`` to its return, in turns over ``--rounds`` rounds of
 ``--commits`` commits per mode:
 
-- ``absent``: ``outbox_app.tracing`` as without opentelemetry-api installed
+- ``absent``: ``outbox_app.execution.tracing`` as without opentelemetry-api installed
   (its ``trace`` module set to None): the baseline;
 - ``api``: the API installed, no tracer provider configured (the API's no-op);
 - ``sdk``: the SDK's tracer provider with an in-memory exporter, each commit
@@ -43,7 +43,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 
 from bench import clear  # noqa: E402
 from bench.benchapp.events import OrderPlaced  # noqa: E402
-from outbox_app import publish, tracing  # noqa: E402
+from outbox_app import publish  # noqa: E402
+from outbox_app.execution import tracing  # noqa: E402
 
 
 def commits(n: int, tracer=None) -> list[float]:

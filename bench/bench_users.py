@@ -137,7 +137,7 @@ from bench import (  # noqa: E402
 from bench.benchapp.events import OrderPlaced  # noqa: E402
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
 from outbox_app.models import SubscriberPause, Subscription  # noqa: E402
-from outbox_app.states import State  # noqa: E402
+from outbox_app.store.lifecycle import State  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCHANGE = QUEUE = "outbox-bench-users"
@@ -415,7 +415,7 @@ def listen(path: str) -> None:
     relays' channel; appends ``time.time()`` per notification to ``path``."""
     import psycopg
 
-    from outbox_app.db import CHANNEL
+    from outbox_app.relay.wake import CHANNEL
 
     settings = connection.settings_dict
     conn = psycopg.connect(

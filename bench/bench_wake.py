@@ -120,7 +120,7 @@ def main() -> None:
     app = tasks.relay_events.app
     app.conf.broker_url = brokers["refused"]
     wake, tasks.wake = tasks.wake, old_wake
-    quiet = logging.getLogger("outbox_app.publishing")  # a traceback per commit
+    quiet = logging.getLogger("outbox_app.publishing.outbox")  # a traceback per commit
     quiet.disabled = True
     try:
         with override_settings(OUTBOX_CELERY_WAKE=True):

@@ -32,10 +32,10 @@ import amqp
 from django.core.management import call_command
 
 from bench import Stopwatch, bench_broker, rabbit  # bench_broker sets Django up
-from outbox_app.delivery.batch import Batch, ClaimAhead
-from outbox_app.delivery.gateway import Gateway
-from outbox_app.delivery.publishers import PublisherRunner
 from outbox_app.publishers.kombu import KombuPublisher
+from outbox_app.relay.batch import Batch, ClaimAhead
+from outbox_app.relay.sending import PublisherRunner
+from outbox_app.store.gateway import Gateway
 
 
 def main() -> None:

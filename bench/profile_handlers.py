@@ -24,9 +24,9 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from bench import Stopwatch, bench_handlers  # bench_handlers sets Django up
-from outbox_app.delivery import deliver, fan_out, handlers, loop
-from outbox_app.delivery.batch import Batch, ClaimAhead
-from outbox_app.delivery.gateway import Gateway
+from outbox_app.relay import deliver, fan_out, handlers, loop
+from outbox_app.relay.batch import Batch, ClaimAhead
+from outbox_app.store.gateway import Gateway
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
-from outbox_app.delivery import deliver, fan_out  # noqa: E402
+from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
 

@@ -450,7 +450,7 @@ from outbox_app import InboxMessage, Notification, OutboxEvent, publish  # noqa:
 from outbox_app.conf import outbox_settings  # noqa: E402
 from outbox_app.exceptions import DuplicateAggregateVersion  # noqa: E402
 from outbox_app.models import SubscriberPause  # noqa: E402
-from outbox_app.states import InboxState, State  # noqa: E402
+from outbox_app.store.lifecycle import InboxState, State  # noqa: E402
 
 VENDOR = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}[connection.vendor]
 DB_PORT = int(

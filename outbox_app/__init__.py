@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .events import Event, upcaster
+from .events.types import Event, upcaster
 from .exceptions import (
     AggregateVersionConflict,
     DeliveryError,
@@ -42,14 +42,14 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .aggregates import RecordsEvents, translator
     from .inbox.receive import ConsumeContext
     from .inbox.registry import consumer
-    from .models import InboxMessage, Notification, OutboxEvent
-    from .publishing import acting, events_committed, outbox_action, publish
-    from .registry import handler
+    from .publishing.aggregates import RecordsEvents, translator
+    from .publishing.outbox import acting, events_committed, outbox_action, publish
+    from .publishing.tracking import track, untracked
+    from .relay.registry import handler
+    from .store.models import InboxMessage, Notification, OutboxEvent
     from .subscribers import DeliveryContext
-    from .tracking import track, untracked
 
 __all__ = [
     "AggregateVersionConflict",
@@ -97,17 +97,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "publish": "publishing",
-    "outbox_action": "publishing",
-    "events_committed": "publishing",
-    "acting": "publishing",
-    "track": "tracking",
-    "RecordsEvents": "aggregates",
-    "translator": "aggregates",
-    "untracked": "tracking",
+    "publish": "publishing.outbox",
+    "outbox_action": "publishing.outbox",
+    "events_committed": "publishing.outbox",
+    "acting": "publishing.outbox",
+    "track": "publishing.tracking",
+    "RecordsEvents": "publishing.aggregates",
+    "translator": "publishing.aggregates",
+    "untracked": "publishing.tracking",
     "OutboxEvent": "models",
     "Notification": "models",
-    "handler": "registry",
+    "handler": "relay.registry",
     "consumer": "inbox.registry",
     "ConsumeContext": "inbox.receive",
     "InboxMessage": "models",

@@ -10,8 +10,9 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .publishing import events_committed, wake_relays
+        from .ops import checks  # noqa: F401  (registers the system checks)
+        from .publishing.outbox import events_committed
+        from .relay.wake import wake_relays
 
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
 
@@ -19,5 +20,5 @@ class OutboxConfig(AppConfig):
         autodiscover_modules("handlers")
         # Consumers of the inbox (manage.py consume) in each app's consumers.py.
         autodiscover_modules("consumers")
-        # Translators of recorded domain events (outbox_app.aggregates).
+        # Translators of recorded domain events (outbox_app.publishing.aggregates).
         autodiscover_modules("translators")

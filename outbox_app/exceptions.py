@@ -87,7 +87,7 @@ class UntrackedWrite(OutboxError):
     its change events: a ``bulk_create()`` ignoring conflicts or updating them,
     or on a database that returns no new primary keys. Raised before anything
     is written; the message names the alternatives (``save()`` each object,
-    or the statement inside ``outbox_app.tracking.untracked()`` with an event
+    or the statement inside ``outbox_app.publishing.tracking.untracked()`` with an event
     of your own)."""
 
 

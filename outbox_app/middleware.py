@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
-from .publishing import acting
+from .publishing.outbox import acting
 
 
 class ActingMiddleware:

@@ -1,7 +1,7 @@
 """What the relay delivers to: subscribers and the context of one delivery.
 
 A subscriber is an in-process :class:`Handler` (registered with
-:func:`outbox_app.registry.handler`) or a broker publisher
+:func:`outbox_app.relay.registry.handler`) or a broker publisher
 (:class:`outbox_app.publishers.base.Publisher`, configured in
 ``OUTBOX_PUBLISHERS``). Both share the delivery options of
 :class:`Subscriber`. The relay hands each delivery's
@@ -12,12 +12,19 @@ the message to send.
 from __future__ import annotations
 
 import datetime
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from django.core.exceptions import ImproperlyConfigured
+
 from .conf import outbox_settings
+
+#: Guards the registries of handlers and consumers (their tables are read
+#: from several threads: Celery's pools, the relay's sidecar).
+registry_lock = threading.Lock()
 
 Kind = Literal["handler", "publisher"]
 #: In ``EVENT_TYPES``: every event type.
@@ -124,3 +131,27 @@ class Handler(Subscriber):
     timeout: float | None = None
 
     kind: ClassVar[Kind] = "handler"
+
+
+def dotted_path(fn: Callable) -> str:
+    """A function's or a class's ``module.qualname``: the default name of a
+    handler or a consumer, the error type failed rows record."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def keep(table: dict[str, Any], spec: Any, kind: str) -> None:
+    """Put ``spec`` (a handler's or a consumer's: ``name`` and ``fn``) in
+    ``table`` under its name; registering the same function again replaces it.
+
+    Raises:
+        ImproperlyConfigured: the name belongs to another function.
+    """
+    with registry_lock:
+        existing = table.get(spec.name)
+        if existing is not None and dotted_path(existing.fn) != dotted_path(spec.fn):
+            raise ImproperlyConfigured(
+                f"{kind} name {spec.name!r} is used by both "
+                f"{dotted_path(existing.fn)} and {dotted_path(spec.fn)}; pass name= "
+                "to one of them"
+            )
+        table[spec.name] = spec

@@ -29,9 +29,8 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .conf import mask_url, outbox_settings
-from .db import single_relay_guard
 from .exceptions import RelayAlreadyRunning
-from .registry import handlers, publishers
+from .relay.registry import handlers, publishers
 
 RELAY_EVENTS = "outbox_app.relay_events"
 RUN_HANDLERS = "outbox_app.run_handlers"
@@ -52,7 +51,8 @@ def _relay(
 ) -> dict:
     # Imported here so a project's celery.py can import this module (for
     # beat_schedule) before Django's app registry is ready.
-    from .delivery import relay_once
+    from .relay import relay_once
+    from .relay.worker import single_relay_guard
 
     began = time.monotonic()
     try:
@@ -116,7 +116,7 @@ def run_handlers(
 def purge_outbox(older_than_days: int | None = None) -> dict[str, Any]:
     """Delete finished rows older than ``OUTBOX_RETENTION_DAYS`` (or
     ``older_than_days``), as ``manage.py outbox_purge`` does."""
-    from .purge import purge
+    from .ops.purge import purge
 
     return purge(older_than_days=older_than_days).as_dict()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from outbox_app.publishing import events_committed
+from outbox_app.publishing.outbox import events_committed
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -147,7 +147,7 @@ def _takes_part(item, vendor: str, everything: bool) -> bool:
 @pytest.fixture(autouse=True)
 def _no_pauses_across_tests():
     """Publishers paused by one test's outage are not paused in the next."""
-    from outbox_app.delivery.publishers import pauses
+    from outbox_app.relay.sending import pauses
 
     yield
     pauses.clear()
@@ -174,7 +174,7 @@ def vendor() -> str:
 @pytest.fixture
 def handlers():
     """Register handler sets from tests.testapp.scenarios; removed afterwards."""
-    from outbox_app import registry
+    from outbox_app.relay import registry
     from tests.testapp import scenarios
 
     registered: list[str] = []

@@ -30,9 +30,9 @@ from django.db import close_old_connections  # noqa: E402
 from django.db.backends.signals import connection_created  # noqa: E402
 
 from outbox_app import Notification, OutboxEvent  # noqa: E402
-from outbox_app.db import single_relay_guard  # noqa: E402
-from outbox_app.delivery import relay_once  # noqa: E402
-from outbox_app.states import State  # noqa: E402
+from outbox_app.relay import relay_once  # noqa: E402
+from outbox_app.relay.worker import single_relay_guard  # noqa: E402
+from outbox_app.store.lifecycle import State  # noqa: E402
 from tests.testapp import scenarios  # noqa: E402
 
 

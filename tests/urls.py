@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from outbox_app.metrics import metrics_view
+from outbox_app.ops.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

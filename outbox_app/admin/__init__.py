@@ -1,7 +1,7 @@
 """The Django admin of the outbox: inspect events and deliveries, requeue them.
 
 Outbox events and notifications are read-only here: rows change state only
-through the actions below, which call ``outbox_app.operations`` and the
+through the actions below, which call ``outbox_app.ops.operations`` and the
 querysets' transitions, and rows are deleted only by ``outbox_purge``. Every
 action needs the ``outbox_app.requeue_notification`` permission, reports with
 ``message_user`` and leaves a ``LogEntry`` in the admin log.

@@ -17,8 +17,8 @@ from django.http import (
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from ..models import Notification
-from ..states import State
+from ..store.lifecycle import State
+from ..store.models import Notification
 
 #: An action logs one LogEntry per row up to this many selected rows; beyond
 #: (or with "select all"), one LogEntry for the whole operation.

@@ -16,11 +16,11 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .. import operations
-from ..db import database_now
 from ..exceptions import OutboxError
-from ..models import Notification, OutboxEvent
-from ..states import State
+from ..ops import operations
+from ..store.clock import database_now
+from ..store.lifecycle import State
+from ..store.models import Notification, OutboxEvent
 from .base import (
     STATE_COLOURS,
     OutboxAdminBase,

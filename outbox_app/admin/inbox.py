@@ -12,9 +12,9 @@ from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from ..db import database_now
-from ..models import ConsumerSubscription, InboxMessage
-from ..states import InboxState
+from ..store.clock import database_now
+from ..store.lifecycle import InboxState
+from ..store.models import ConsumerSubscription, InboxMessage
 from ..templatetags.outbox_admin import duration
 from .base import LOG_EACH_MAX, OutboxAdminBase, error_summary, pre, pretty_json
 from .subscriptions import ServedFilter

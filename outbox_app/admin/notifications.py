@@ -25,11 +25,11 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .. import operations
-from ..db import database_now
-from ..delivery.outcomes import LAPSED_ERROR_TYPE
-from ..models import Notification
-from ..states import State
+from ..ops import operations
+from ..relay.outcomes import LAPSED_ERROR_TYPE
+from ..store.clock import database_now
+from ..store.lifecycle import State
+from ..store.models import Notification
 from ..templatetags.outbox_admin import duration
 from .base import (
     LOG_EACH_MAX,

@@ -17,11 +17,11 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
-from .. import status
 from ..conf import mask_url
 from ..exceptions import OutboxError
-from ..models import Notification, OutboxOverview
-from ..states import InboxState, State
+from ..ops import status
+from ..store.lifecycle import InboxState, State
+from ..store.models import Notification, OutboxOverview
 from ..templatetags.outbox_admin import chart_hours
 from .base import ReadOnly
 
@@ -116,7 +116,7 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
         return TemplateResponse(request, "admin/outbox_app/overview.html", context)
 
     def overview_json_view(self, request):
-        """The overview's numbers as JSON (:func:`outbox_app.status.overview`)."""
+        """The overview's numbers as JSON (:func:`outbox_app.ops.status.overview`)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         return JsonResponse(status.overview())

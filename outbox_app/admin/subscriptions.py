@@ -7,12 +7,10 @@ from django.contrib import admin, messages
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .. import operations
 from ..exceptions import OutboxError
-from ..models import Subscription
-from .base import (
-    OutboxAdminBase,
-)
+from ..ops import operations
+from ..store.models import Subscription
+from .base import OutboxAdminBase
 
 
 class ServedFilter(admin.SimpleListFilter):

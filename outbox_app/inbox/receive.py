@@ -43,7 +43,7 @@ string, holding NUL, longer than the column), is PARKED at once as
 SHA-256 when its own key is unusable. A message that a recorded consumer of
 its queue receives and this process lacks is kept for it
 (:mod:`~outbox_app.inbox.recorded`). Every outside text stored passes through
-:func:`~outbox_app.db.storable`.
+:func:`~outbox_app.events.text.storable`.
 """
 
 from __future__ import annotations
@@ -61,21 +61,16 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from ..db import (
-    database_now,
-    insert_new,
-    storable,
-    transaction_broken,
-    violated_constraint,
-)
-from ..delivery.handlers import Deferral, event_for, time_limit
-from ..delivery.outcomes import recorded_error
-from ..events import unstorable
+from ..events.text import storable, unstorable
 from ..exceptions import TransactionBroken, UndecodableMessage
-from ..models import InboxMessage
+from ..execution.limits import Deferral, time_limit
+from ..execution.run import event_for, recorded_error
 from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
-from ..registry import dotted_path
-from ..states import InboxState
+from ..store.clock import database_now
+from ..store.db import insert_new, transaction_broken, violated_constraint
+from ..store.lifecycle import InboxState
+from ..store.models import InboxMessage
+from ..subscribers import dotted_path
 from .recorded import Recorded
 from .registry import Consumer
 

@@ -1,5 +1,5 @@
 """The consumers ``consume`` processes recorded
-(:class:`~outbox_app.models.ConsumerSubscription`), so that no process
+(:class:`~outbox_app.store.models.ConsumerSubscription`), so that no process
 acknowledges as ignored a message another version of the code consumes.
 
 Each ``consume`` process records its consumers (name, queue, event types)
@@ -24,11 +24,11 @@ from collections.abc import Iterable, Sequence
 from django.db import transaction
 from django.db.models import QuerySet
 
-from ..db import database_now
+from ..events.ids import worker_name
 from ..exceptions import SubscriptionInUse
-from ..ids import worker_name
-from ..models import ConsumerSubscription, InboxMessage
-from ..states import InboxState
+from ..store.clock import database_now
+from ..store.lifecycle import InboxState
+from ..store.models import ConsumerSubscription, InboxMessage
 from ..subscribers import WILDCARD
 from .registry import Consumer
 
@@ -115,7 +115,7 @@ def retire(
     by: str,
     force: bool = False,
 ) -> tuple[int, int]:
-    """Retire consumer subscriptions (:class:`~outbox_app.models.
+    """Retire consumer subscriptions (:class:`~outbox_app.store.models.
     ConsumerSubscription` rows): processes that lack the consumer no longer
     keep its messages.
 

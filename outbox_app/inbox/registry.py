@@ -13,10 +13,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..delivery.retry import RetryPolicy
-from ..events import Event, validate_event_type
-from ..registry import _lock, dotted_path, keep
-from ..subscribers import WILDCARD
+from ..events.types import Event, validate_event_type
+from ..execution.retry import RetryPolicy
+from ..subscribers import WILDCARD, dotted_path, keep, registry_lock
 
 _consumers: dict[str, Consumer] = {}
 
@@ -64,7 +63,7 @@ class Consumer:
 
     def policy(self) -> RetryPolicy:
         """Its retry policy with the current ``OUTBOX_*`` settings (the relay's
-        backoff: :class:`~outbox_app.delivery.retry.RetryPolicy`)."""
+        backoff: :class:`~outbox_app.execution.retry.RetryPolicy`)."""
         return RetryPolicy.with_options(
             self.max_attempts, self.retry_on, self.give_up_on
         )
@@ -139,17 +138,17 @@ def consumer(
 
 def consumers(queues: Sequence[str] | None = None) -> list[Consumer]:
     """Every registered consumer, or those reading one of ``queues``."""
-    with _lock:
+    with registry_lock:
         found = list(_consumers.values())
     return [c for c in found if queues is None or c.queue in queues]
 
 
 def get_consumer(name: str) -> Consumer | None:
-    with _lock:
+    with registry_lock:
         return _consumers.get(name)
 
 
 def unregister_consumer(name: str) -> None:
     """Remove a consumer (tests)."""
-    with _lock:
+    with registry_lock:
         _consumers.pop(name, None)

@@ -37,8 +37,8 @@ from kombu import Connection, Exchange, Queue, binding
 from kombu.exceptions import OperationalError
 
 from ..conf import mask_url, outbox_settings
-from ..models import InboxMessage
-from ..querysets import HEARTBEAT_SECONDS
+from ..store.models import InboxMessage
+from ..store.querysets import HEARTBEAT_SECONDS
 from . import recorded
 from .receive import Tally, receive_batch, retry_due
 from .registry import Consumer

@@ -4,9 +4,9 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-import outbox_app.db
 import outbox_app.events
-import outbox_app.models
+import outbox_app.store.db
+import outbox_app.store.models
 
 
 class Migration(migrations.Migration):
@@ -93,7 +93,7 @@ class Migration(migrations.Migration):
                 (
                     "id",
                     models.UUIDField(
-                        default=outbox_app.models.new_event_id,
+                        default=outbox_app.store.models.new_event_id,
                         editable=False,
                         primary_key=True,
                         serialize=False,
@@ -115,7 +115,7 @@ class Migration(migrations.Migration):
                     "payload",
                     models.JSONField(
                         blank=True,
-                        encoder=outbox_app.events.OutboxJSONEncoder,
+                        encoder=outbox_app.events.codec.OutboxJSONEncoder,
                         null=True,
                     ),
                 ),
@@ -124,7 +124,7 @@ class Migration(migrations.Migration):
                     models.JSONField(
                         blank=True,
                         default=dict,
-                        encoder=outbox_app.events.OutboxJSONEncoder,
+                        encoder=outbox_app.events.codec.OutboxJSONEncoder,
                     ),
                 ),
                 ("tenant_id", models.CharField(blank=True, max_length=255, null=True)),
@@ -137,7 +137,7 @@ class Migration(migrations.Migration):
                     "action_params",
                     models.JSONField(
                         blank=True,
-                        encoder=outbox_app.events.OutboxJSONEncoder,
+                        encoder=outbox_app.events.codec.OutboxJSONEncoder,
                         null=True,
                     ),
                 ),
@@ -155,7 +155,7 @@ class Migration(migrations.Migration):
                 "verbose_name_plural": "outbox events",
                 "ordering": ["-id"],
                 "indexes": [
-                    outbox_app.db.FilteredIndex(
+                    outbox_app.store.db.FilteredIndex(
                         fallback_prefix=["delivered"],
                         fields=["event_type", "id"],
                         name="outbox_event_undelivered",
@@ -187,7 +187,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="notification",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=["state"],
                 fields=["subscriber", "next_retry_at"],
                 name="outbox_notification_due",
@@ -196,7 +196,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="notification",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=[],
                 fields=["subscriber", "aggregate_type", "aggregate_id", "event"],
                 name="outbox_notification_order",

@@ -13,7 +13,7 @@ benchmark 5.
 
 from django.db import migrations, models
 
-import outbox_app.db
+import outbox_app.store.db
 
 
 class Migration(migrations.Migration):
@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="notification",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=["state"],
                 fields=["subscriber", "next_retry_at", "id"],
                 name="outbox_notification_due",
@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="outboxevent",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=["delivered"],
                 fields=["id", "event_type"],
                 name="outbox_event_undelivered",

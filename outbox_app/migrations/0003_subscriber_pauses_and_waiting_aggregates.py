@@ -3,7 +3,7 @@
 import django.utils.timezone
 from django.db import migrations, models
 
-import outbox_app.db
+import outbox_app.store.db
 
 
 class Migration(migrations.Migration):
@@ -53,7 +53,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="outboxevent",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=["delivered"],
                 fields=["aggregate_type", "aggregate_id", "aggregate_version", "id"],
                 name="outbox_event_undelivered_agg",

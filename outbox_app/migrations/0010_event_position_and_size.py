@@ -9,8 +9,8 @@ JSON, and both are copied onto existing deliveries.
 
 from django.db import migrations, models
 
-import outbox_app.db
-from outbox_app.db import copy_to_deliveries, json_bytes, number_positions
+import outbox_app.store.db
+from outbox_app.store.db import copy_to_deliveries, json_bytes, number_positions
 
 
 def fill(apps, schema_editor):
@@ -80,7 +80,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="notification",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=[],
                 fields=["subscriber", "aggregate_type", "aggregate_id", "position"],
                 name="outbox_notification_order",
@@ -91,7 +91,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="outboxevent",
-            index=outbox_app.db.FilteredIndex(
+            index=outbox_app.store.db.FilteredIndex(
                 fallback_prefix=["delivered"],
                 fields=["aggregate_type", "aggregate_id", "position"],
                 name="outbox_event_undelivered_agg",

@@ -54,7 +54,7 @@ HEADER_EXTENSIONS = {
     "correlation_id": "correlationid",
     "causation_id": "causationid",
     # The distributed-tracing extension (W3C Trace Context), set by publish()
-    # under OpenTelemetry (outbox_app/tracing.py).
+    # under OpenTelemetry (outbox_app/execution/tracing.py).
     "traceparent": "traceparent",
     "tracestate": "tracestate",
 }

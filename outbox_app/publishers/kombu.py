@@ -34,7 +34,6 @@ from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import pyamqp
 
 from ..conf import mask_url
-from ..db import database_now
 from ..exceptions import (
     DeliveryError,
     MessageRejected,
@@ -42,6 +41,7 @@ from ..exceptions import (
     PublisherUnavailable,
     UndeliverableMessage,
 )
+from ..store.clock import database_now
 from ..subscribers import DeliveryContext
 from . import cloudevents
 from .base import (
@@ -635,7 +635,7 @@ def _ttl(context: DeliveryContext) -> int | None:
     """Milliseconds until ``context`` expires (0 if it has), None for an event
     that does not: the AMQP ``expiration`` property (RabbitMQ's per-message
     TTL, "Time-To-Live and Expiration" in its documentation), counted by the
-    outbox database's clock (:func:`~outbox_app.db.database_now`), which the
+    outbox database's clock (:func:`~outbox_app.store.clock.database_now`), which the
     claim checked ``expires_at`` against."""
     if context.expires_at is None:
         return None

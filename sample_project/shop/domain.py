@@ -1,5 +1,5 @@
 """The shop's domain events: internal to the shop, recorded by its aggregates
-(``outbox_app.aggregates``); ``translators.py`` decides what leaves."""
+(``outbox_app.publishing.aggregates``); ``translators.py`` decides what leaves."""
 
 from dataclasses import dataclass
 

@@ -21,10 +21,10 @@ class Product(models.Model):
 
 
 class Order(RecordsEvents, models.Model):
-    """An aggregate that records what happens to it (``outbox_app.aggregates``):
-    ``cancel()`` records the domain event OrderWithdrawn, which
-    ``shop/translators.py`` publishes as the integration event OrderCancelled
-    when the order is saved."""
+    """An aggregate that records what happens to it
+    (``outbox_app.publishing.aggregates``): ``cancel()`` records the domain
+    event OrderWithdrawn, which ``shop/translators.py`` publishes as the
+    integration event OrderCancelled when the order is saved."""
 
     class Status(models.TextChoices):
         PLACED = "placed"

@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from outbox_app.registry import unregister
+from outbox_app.relay.registry import unregister
 
 
 def _staff(username: str, *codenames: str) -> User:

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification
 
 pytestmark = pytest.mark.django_db
@@ -249,7 +249,7 @@ def test_replay__an_invalid_choice_shows_the_form_again(admin_client, replay_tar
 
 
 def test_replay__without_subscribers_says_so(admin_client, monkeypatch):
-    from outbox_app import registry
+    from outbox_app.relay import registry
 
     monkeypatch.setattr(registry, "_handlers", {})  # not even autodiscovered ones
     event = events(1)[0]

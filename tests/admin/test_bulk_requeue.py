@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

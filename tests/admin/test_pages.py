@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, outbox_action
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification, subscribed
 
 pytestmark = pytest.mark.django_db
@@ -264,8 +264,8 @@ def test_overview__page(admin_client, busy):
 
 
 def test_overview__shows_paused_publishers(admin_client):
-    from outbox_app.delivery.publishers import Pause
     from outbox_app.models import SubscriberPause
+    from outbox_app.relay.sending import Pause
 
     now = timezone.now()
     SubscriberPause.objects.record(
@@ -293,7 +293,7 @@ def test_overview__a_malformed_broker_url_shows_its_password_masked(
 
 def test_overview__counts_the_inbox_per_consumer_under_its_headers(admin_client):
     from outbox_app.models import InboxMessage
-    from outbox_app.states import InboxState
+    from outbox_app.store.lifecycle import InboxState
 
     counts = {
         ("billing.invoice", InboxState.HANDLED): 3,

@@ -14,11 +14,11 @@ from django.db import transaction
 from kombu import Producer
 
 from outbox_app import InboxMessage, OutboxEvent, publish
-from outbox_app.delivery import relay_once
-from outbox_app.operations import replay_to
+from outbox_app.ops.operations import replay_to
 from outbox_app.publishers import cloudevents
-from outbox_app.registry import close_publishers
-from outbox_app.states import InboxState
+from outbox_app.relay import relay_once
+from outbox_app.relay.registry import close_publishers
+from outbox_app.store.lifecycle import InboxState
 from tests.brokers.conftest import RABBITMQ, context
 from tests.brokers.proxy import TcpProxy
 from tests.processes import Watched, kill_other_connections, spawn, wait_for

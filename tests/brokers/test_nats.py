@@ -22,7 +22,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.delivery import deliver, relay_once
 from outbox_app.exceptions import (
     MessageRejected,
     MessageUnroutable,
@@ -32,8 +31,9 @@ from outbox_app.exceptions import (
 from outbox_app.models import SubscriberPause
 from outbox_app.publishers.base import build_publisher
 from outbox_app.publishers.nats import JetStreamPublisher
-from outbox_app.registry import close_publishers
-from outbox_app.states import State
+from outbox_app.relay import deliver, relay_once
+from outbox_app.relay.registry import close_publishers
+from outbox_app.store.lifecycle import State
 from tests.processes import Watched, publisher_relay, wait_for
 from tests.testapp.events import OrderPlaced
 
@@ -143,7 +143,7 @@ def test_malformed_options_are_refused(options, message):
 def test_a_declared_duplicate_window_not_above_the_lease_warns(
     settings, window, warned
 ):
-    from outbox_app.checks import check_subscribers
+    from outbox_app.ops.checks import check_subscribers
 
     settings.OUTBOX_LEASE_SECONDS = 60
     settings.OUTBOX_PUBLISHERS = {

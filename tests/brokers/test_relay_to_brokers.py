@@ -14,10 +14,10 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.delivery import deliver, relay_once
 from outbox_app.models import SubscriberPause
-from outbox_app.registry import close_publishers
-from outbox_app.states import State
+from outbox_app.relay import deliver, relay_once
+from outbox_app.relay.registry import close_publishers
+from outbox_app.store.lifecycle import State
 from tests.brokers.conftest import RABBITMQ_URL, body
 from tests.processes import publisher_relay, wait_for
 from tests.testapp.events import OrderPlaced, Step

@@ -12,8 +12,8 @@ from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
 
 from outbox_app import Notification, publish
-from outbox_app.registry import close_publishers
-from outbox_app.states import State
+from outbox_app.relay.registry import close_publishers
+from outbox_app.store.lifecycle import State
 from tests.delivery.test_delivery import deliver, fan_out
 from tests.testapp.events import OrderPlaced
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import CHROMIUM, require_service
 
-#: The overview's state columns, in the order of ``outbox_app.states.State``.
+#: The overview's state columns, in the order of ``outbox_app.store.lifecycle.State``.
 STATE_VALUES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "EXPIRED", "SKIPPED"]
 STATE_LABELS = ["pending", "running", "succeeded", "failed", "expired", "skipped"]
 ROOT = Path(__file__).resolve().parents[2]

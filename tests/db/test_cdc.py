@@ -32,9 +32,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, outbox_action, publish
-from outbox_app.delivery import relay_once
-from outbox_app.operations import replay_to, requeue_matching
-from outbox_app.purge import purge
+from outbox_app.ops.operations import replay_to, requeue_matching
+from outbox_app.ops.purge import purge
+from outbox_app.relay import relay_once
 from tests.testapp.events import OrderPlaced, Step
 
 pytestmark = [

@@ -23,7 +23,7 @@ from outbox_app import (
     outbox_action,
     publish,
 )
-from outbox_app.events import decode
+from outbox_app.events.codec import decode
 from tests.testapp.events import Address, OrderPlaced, OrderShipped
 from tests.testapp.models import Order
 

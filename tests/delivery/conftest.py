@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outbox_app import handler
-from outbox_app.registry import unregister
+from outbox_app.relay.registry import unregister
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.delivery import fan_out
-from outbox_app.delivery.batch import Batch, Fold
-from outbox_app.delivery.fanout import subscribed_types
+from outbox_app.relay import fan_out
+from outbox_app.relay.batch import Batch, Fold
+from outbox_app.relay.fanout import subscribed_types
 from outbox_app.subscribers import Handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -102,7 +102,7 @@ def test_an_oversized_event_is_fanned_out_and_claimed_alone(budget):
 def test_one_relay_pass_drains_batches_cut_by_the_budget(budget, registered):
     """A batch the budget cut short counts as full: the relay claims again
     at once instead of taking it for the end of the backlog."""
-    from outbox_app.delivery import relay_once
+    from outbox_app.relay import relay_once
 
     seen = []
 

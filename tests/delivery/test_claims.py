@@ -10,8 +10,8 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.delivery import fan_out
-from outbox_app.delivery.gateway import Gateway
+from outbox_app.relay import fan_out
+from outbox_app.store.gateway import Gateway
 from outbox_app.subscribers import Handler
 from tests.testapp.events import Step
 
@@ -85,8 +85,8 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
     subqueries by themselves."""
     from django.db import connection
 
-    from outbox_app.db import dialect
-    from outbox_app.delivery.gateway import _statements
+    from outbox_app.store.db import dialect
+    from outbox_app.store.gateway import _statements
 
     vendor = connection.vendor
     # MariaDB weighs a full scan of a few rows against an index on statistics

@@ -21,13 +21,13 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.db import database_now
-from outbox_app.delivery import deliver, fan_out, relay_once
-from outbox_app.delivery.batch import Batch
 from outbox_app.models import Subscription
-from outbox_app.purge import cutoff_for
-from outbox_app.registry import get
-from outbox_app.states import State
+from outbox_app.ops.purge import cutoff_for
+from outbox_app.relay import deliver, fan_out, relay_once
+from outbox_app.relay.batch import Batch
+from outbox_app.relay.registry import get
+from outbox_app.store.clock import database_now
+from outbox_app.store.lifecycle import State
 from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced
 
@@ -160,7 +160,7 @@ def skew(monkeypatch):
     """``skew(seconds)``: this process's wall clock (``timezone.now()``) is
     ``seconds`` off from now on; the database's clock is not. The clock
     readings of earlier tests are forgotten."""
-    from outbox_app import db
+    from outbox_app.store import clock
 
     real = timezone.now
 
@@ -169,7 +169,7 @@ def skew(monkeypatch):
             timezone, "now", lambda: real() + datetime.timedelta(seconds=seconds)
         )
 
-    monkeypatch.setattr(db, "_readings", {})
+    monkeypatch.setattr(clock, "_readings", {})
     yield move
 
 

@@ -12,11 +12,11 @@ from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
 
 from outbox_app import Notification, publish
-from outbox_app.delivery.batch import Batch
-from outbox_app.delivery.fanout import fan_out
 from outbox_app.models import Subscription
-from outbox_app.registry import get
-from outbox_app.states import State
+from outbox_app.relay.batch import Batch
+from outbox_app.relay.fanout import fan_out
+from outbox_app.relay.registry import get
+from outbox_app.store.lifecycle import State
 from outbox_app.subscribers import Handler
 from tests.testapp.events import Step
 

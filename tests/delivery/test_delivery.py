@@ -17,12 +17,12 @@ from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
 from outbox_app.conf import outbox_settings
-from outbox_app.delivery import RelayReport, deliver, fan_out, relay_once
-from outbox_app.delivery.batch import Batch
-from outbox_app.delivery.handlers import run_handlers
-from outbox_app.delivery.outcomes import Outcomes
-from outbox_app.registry import get, unregister
-from outbox_app.states import State
+from outbox_app.relay import RelayReport, deliver, fan_out, relay_once
+from outbox_app.relay.batch import Batch
+from outbox_app.relay.handlers import run_handlers
+from outbox_app.relay.outcomes import Outcomes
+from outbox_app.relay.registry import get, unregister
+from outbox_app.store.lifecycle import State
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
 

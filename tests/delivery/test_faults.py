@@ -19,10 +19,10 @@ from django.db import connection, connections, transaction
 from django.test import skipUnlessDBFeature
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.ids import new_event_id
+from outbox_app.events.ids import new_event_id
 from outbox_app.publishers.base import Publisher
-from outbox_app.registry import get
-from outbox_app.states import State
+from outbox_app.relay.registry import get
+from outbox_app.store.lifecycle import State
 from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
@@ -38,7 +38,7 @@ def steal(subscriber, expected: int, seconds: float = 3600) -> int:
     repeated (a claim skips a row another relay's scan has locked for an
     instant) until it holds ``expected`` rows or a second has passed. Returns
     how many it took."""
-    from outbox_app.delivery.batch import Batch
+    from outbox_app.relay.batch import Batch
 
     taken = [0]
 
@@ -319,10 +319,10 @@ def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
     SQLite and MariaDB: a claim took the replayed row as due, its folded
     fan-out took the row's event and read the row back by lease token, and
     the batch listed it twice (the handler ran twice for one attempt)."""
-    from outbox_app import operations
-    from outbox_app.delivery.batch import Batch, Fold
-    from outbox_app.delivery.fanout import subscribed_types
-    from outbox_app.registry import subscribers
+    from outbox_app.ops import operations
+    from outbox_app.relay.batch import Batch, Fold
+    from outbox_app.relay.fanout import subscribed_types
+    from outbox_app.relay.registry import subscribers
 
     calls = []
 
@@ -352,7 +352,7 @@ def test_no_batch_is_claimed_ahead_for_a_paused_publisher(registered):
     meanwhile left an attempt counted on a row never sent."""
     from django.utils import timezone
 
-    from outbox_app.delivery.publishers import pauses
+    from outbox_app.relay.sending import pauses
 
     class Down(Publisher):
         def send_batch(self, messages):

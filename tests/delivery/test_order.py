@@ -8,9 +8,9 @@ import pytest
 from django.db import transaction
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.delivery import relay_once
-from outbox_app.models import new_event_id
-from outbox_app.states import State
+from outbox_app.events.ids import new_event_id
+from outbox_app.relay import relay_once
+from outbox_app.store.lifecycle import State
 from tests.testapp.events import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,8 +14,8 @@ from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.delivery import deliver
-from outbox_app.states import State
+from outbox_app.relay import deliver
+from outbox_app.store.lifecycle import State
 from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
@@ -61,7 +61,7 @@ def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
     # Before the lease runs out nobody may take the row; after, another worker does.
     handlers("record")  # a healthy "hang" replacement below, plus noise
     from outbox_app import handler
-    from outbox_app.registry import unregister
+    from outbox_app.relay.registry import unregister
     from tests.testapp.scenarios import _record
 
     handler(OrderPlaced, name="hang")(
@@ -84,7 +84,7 @@ def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
 
 
 def _subscriber(name):
-    from outbox_app.registry import get
+    from outbox_app.relay.registry import get
 
     return get(name)
 

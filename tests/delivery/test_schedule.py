@@ -12,10 +12,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, publish
-from outbox_app.delivery import relay_once
 from outbox_app.exceptions import InvalidSchedule
-from outbox_app.operations import replay_to
-from outbox_app.states import State
+from outbox_app.ops.operations import replay_to
+from outbox_app.relay import relay_once
+from outbox_app.store.lifecycle import State
 from tests.testapp.events import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -200,7 +200,7 @@ def test_status_counts_scheduled_deliveries_apart_from_lag(seen, client, admin_u
 
     from django.core.management import call_command
 
-    from outbox_app.status import overview
+    from outbox_app.ops.status import overview
 
     step(0, ("shop.Cart", "1"), deliver_at=10 * MINUTE)
     late = step(1, ("shop.Cart", "2"), deliver_at=MINUTE)

@@ -14,12 +14,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, operations, status
-from outbox_app.delivery import fan_out, relay_once
+from outbox_app import Notification, OutboxEvent
 from outbox_app.exceptions import SubscriptionInUse
 from outbox_app.models import Subscription
-from outbox_app.registry import get
-from outbox_app.states import State
+from outbox_app.ops import operations, status
+from outbox_app.relay import fan_out, relay_once
+from outbox_app.relay.registry import get
+from outbox_app.store.lifecycle import State
 from outbox_app.subscribers import Handler
 from tests.processes import spawn, wait_for
 from tests.testapp.models import SideEffect
@@ -283,7 +284,7 @@ def place_steps(n: int) -> list[OutboxEvent]:
 def retire_as_fan_out_starts(monkeypatch, module, names):
     """The operator retires ``names`` right after the relay read the
     subscribed types and before its fan-out statement runs."""
-    from outbox_app.delivery.fanout import subscribed_types
+    from outbox_app.relay.fanout import subscribed_types
 
     def types_then_retire(*args, **kwargs):
         types = subscribed_types(*args, **kwargs)
@@ -299,7 +300,7 @@ def test_retiring_the_only_subscriber_as_fan_out_runs_leaves_the_events_pending(
     """Its events stay undelivered (visible in the status) instead of being
     marked fanned out to nobody; fan-out pages past them to the events that
     still have a subscriber."""
-    from outbox_app.delivery import fanout
+    from outbox_app.relay import fanout
 
     Subscription.objects.record([STEPS_ELSEWHERE, ELSEWHERE], "other-host:1")
     steps = place_steps(3)  # older: the first batches hold them
@@ -324,7 +325,7 @@ def test_retiring_the_only_subscriber_as_a_folded_claim_runs_leaves_it_pending(
     monkeypatch, registered
 ):
     """The same on the path that fans out while it claims (a lease)."""
-    from outbox_app.delivery import loop
+    from outbox_app.relay import loop
 
     @registered("OrderPlaced", name="orders.here")
     def here(event, context):

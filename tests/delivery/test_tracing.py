@@ -1,6 +1,6 @@
-"""OpenTelemetry (outbox_app/tracing.py), with the SDK's in-memory exporter: the
-trace context goes from the publishing span into the event's headers and the
-CloudEvent, and the relay's spans link back to it."""
+"""OpenTelemetry (outbox_app/execution/tracing.py), with the SDK's in-memory
+exporter: the trace context goes from the publishing span into the event's
+headers and the CloudEvent, and the relay's spans link back to it."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 
 from outbox_app import OutboxEvent, publish
-from outbox_app.delivery import relay_once
-from outbox_app.registry import close_publishers
+from outbox_app.relay import relay_once
+from outbox_app.relay.registry import close_publishers
 from tests.testapp.events import OrderPlaced
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, publish
-from outbox_app.delivery.publishers import Pause
 from outbox_app.models import SubscriberPause
-from outbox_app.states import State
+from outbox_app.relay.sending import Pause
+from outbox_app.store.lifecycle import State
 from tests.processes import Watched, spawn, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect

@@ -16,7 +16,8 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from outbox_app import events, registry
+from outbox_app.events import types as events
+from outbox_app.relay import registry
 
 from .blocks import ROOT, TAGS, all_blocks, ids, manage_commands, tagged
 

@@ -4,8 +4,8 @@ default, every system check id."""
 import ast
 import re
 
-from outbox_app import checks
 from outbox_app.conf import DEFAULTS
+from outbox_app.ops import checks
 
 from .blocks import ROOT
 
@@ -22,7 +22,8 @@ def test_every_setting_is_listed_with_its_default():
 
 def test_every_check_id_is_explained():
     source = "".join(
-        (ROOT / "outbox_app" / name).read_text() for name in ("checks.py", "conf.py")
+        (ROOT / "outbox_app" / name).read_text()
+        for name in ("ops/checks.py", "conf.py")
     )
     ids = set(re.findall(r"outbox\.[EW]\d{3}", source))
     assert ids == {f"outbox.E{n:03}" for n in range(1, 25)} | {

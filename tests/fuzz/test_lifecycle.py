@@ -100,19 +100,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from outbox_app import Notification, OutboxEvent, handler, operations, publish
-from outbox_app import registry as subscribers_registry
-from outbox_app.backoff import backoff_ceiling
+from outbox_app import Notification, OutboxEvent, handler, publish
 from outbox_app.conf import outbox_settings
-from outbox_app.delivery import fan_out
-from outbox_app.delivery.batch import Batch, Fold
-from outbox_app.delivery.fanout import subscribed_types
-from outbox_app.delivery.handlers import run_handlers
-from outbox_app.delivery.outcomes import Outcomes, RelayReport
 from outbox_app.exceptions import InvalidSchedule, OutboxRequiresActiveTransaction
+from outbox_app.execution.retry import backoff_ceiling
 from outbox_app.models import Subscription
-from outbox_app.purge import PurgeCounts, purge
-from outbox_app.states import CLAIMABLE, FINISHED, UNFINISHED, State
+from outbox_app.ops import operations
+from outbox_app.ops.purge import PurgeCounts, purge
+from outbox_app.relay import fan_out
+from outbox_app.relay import registry as subscribers_registry
+from outbox_app.relay.batch import Batch, Fold
+from outbox_app.relay.fanout import subscribed_types
+from outbox_app.relay.handlers import run_handlers
+from outbox_app.relay.outcomes import Outcomes, RelayReport
+from outbox_app.store.lifecycle import CLAIMABLE, FINISHED, UNFINISHED, State
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outbox_app import OutboxEvent, outbox_action, publish
-from outbox_app.events import decode, loads
+from outbox_app.events.codec import decode, loads
 from outbox_app.exceptions import InvalidEvent, OutboxError
 from outbox_app.publishers.cloudevents import body
 from outbox_app.subscribers import DeliveryContext

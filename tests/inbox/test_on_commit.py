@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from outbox_app import InboxMessage
 from outbox_app.inbox import receive, receive_batch, retry_due
-from outbox_app.states import InboxState
+from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from outbox_app import HandlerTimeout, InboxMessage, UndecodableMessage
 from outbox_app.inbox import receive, receive_batch, retry_due
-from outbox_app.states import InboxState
+from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
@@ -204,7 +204,7 @@ def test_the_same_message_at_two_processes_at_once_has_one_effect(consumer):
 
 
 def test_purge_deletes_handled_messages_past_the_inbox_retention(recorded, settings):
-    from outbox_app.purge import purge
+    from outbox_app.ops.purge import purge
 
     settings.OUTBOX_INBOX_RETENTION_DAYS = 7
     recorded.failing.add(2)
@@ -260,7 +260,7 @@ def test_outbox_status_and_prometheus_count_the_inbox(recorded):
 
     from django.core.management import call_command
 
-    from outbox_app.metrics import exposition
+    from outbox_app.ops.metrics import exposition
 
     recorded.failing.add(2)
     receive(message(1), QUEUE, mine())

@@ -18,7 +18,7 @@ from outbox_app import InboxMessage
 from outbox_app.inbox import Consumer, receive, receive_batch, retry_due
 from outbox_app.inbox.recorded import record
 from outbox_app.models import ConsumerSubscription
-from outbox_app.states import InboxState
+from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect

@@ -10,8 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from outbox_app import Notification, OutboxEvent, handler, publish
-from outbox_app.registry import unregister
-from outbox_app.states import State
+from outbox_app.relay.registry import unregister
+from outbox_app.store.lifecycle import State
 
 
 def events(

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification, subscribed
 
 pytestmark = pytest.mark.django_db
@@ -82,7 +82,7 @@ def test_view_wants_the_token_when_one_is_set(client, settings, outbox):
 
 
 def test_a_short_token_is_a_check_error(settings):
-    from outbox_app.checks import check_settings
+    from outbox_app.ops.checks import check_settings
 
     settings.OUTBOX_METRICS_TOKEN = "short"
     assert [m.id for m in check_settings()] == ["outbox.E018"]

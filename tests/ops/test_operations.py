@@ -1,4 +1,4 @@
-"""outbox_app.operations: requeue, retry, expire, replay, in batches."""
+"""outbox_app.ops.operations: requeue, retry, expire, replay, in batches."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, UnknownSubscriber, operations
-from outbox_app.states import State
+from outbox_app import Notification, OutboxEvent, UnknownSubscriber
+from outbox_app.ops import operations
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification, subscribed
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""outbox_app.purge and ``manage.py outbox_purge``: only finished rows older than
+"""outbox_app.ops.purge and ``manage.py outbox_purge``: only finished rows older than
 the retention go."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from outbox_app import Notification, OutboxEvent, outbox_action
-from outbox_app.purge import PurgeCounts, purge
-from outbox_app.states import State
+from outbox_app.ops.purge import PurgeCounts, purge
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import (
     age_events,
     events,
@@ -132,7 +132,7 @@ def test_purge__refuses_bad_arguments():
 
 def test_purge__pauses_after_each_batch_as_long_as_told(world, monkeypatch):
     slept = []
-    monkeypatch.setattr("outbox_app.purge.time.sleep", slept.append)
+    monkeypatch.setattr("outbox_app.ops.purge.time.sleep", slept.append)
     counts = purge(batch_size=1, pause_ratio=2)
     assert counts.total == 9
     assert slept and all(seconds >= 0 for seconds in slept)
@@ -145,10 +145,10 @@ def test_purge__yields_to_relays_with_work_waiting(monkeypatch):
     """While a notification is due (or an event awaits fan-out) the purge
     sleeps ``busy_pause_ratio`` times a batch's duration, else ``pause_ratio``
     times; it looks at most once a second."""
-    from outbox_app.purge import _Pause
+    from outbox_app.ops.purge import _Pause
 
     slept = []
-    monkeypatch.setattr("outbox_app.purge.time.sleep", slept.append)
+    monkeypatch.setattr("outbox_app.ops.purge.time.sleep", slept.append)
     event = events(1)[0]
     mark_delivered(event)
     row = notification(event, "a", State.SUCCEEDED)
@@ -218,8 +218,8 @@ def test_purge__a_replay_between_its_read_and_its_delete_loses_nothing(monkeypat
     """Issue 16's first code-reading fault: a replay landing after the purge
     read its page of ids and before its DELETE. The DELETEs re-check the
     condition, so the replayed (PENDING) row and its event stay."""
-    from outbox_app import operations
-    from outbox_app import purge as purging
+    from outbox_app.ops import operations
+    from outbox_app.ops import purge as purging
 
     [event] = events(1)
     row = notification(event, "ops.record", State.SUCCEEDED, age=OLD)

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from outbox_app import Notification
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification, subscribed
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""outbox_app.status and ``manage.py outbox_status``: numbers, JSON shape, exit
+"""outbox_app.ops.status and ``manage.py outbox_status``: numbers, JSON shape, exit
 codes."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from django.core.management import ManagementUtility, call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from outbox_app import status
-from outbox_app.states import State
+from outbox_app.ops import status
+from outbox_app.store.lifecycle import State
 from tests.ops.factories import events, notification, subscribed
 
 pytestmark = pytest.mark.django_db
@@ -213,7 +213,7 @@ def test_command__max_expired_crossed_exits_2():
 
 def test_command__max_parked_counts_the_inbox_dead_letter():
     from outbox_app.models import InboxMessage
-    from outbox_app.states import InboxState
+    from outbox_app.store.lifecycle import InboxState
 
     for n, state in enumerate([InboxState.PARKED, InboxState.PARKED, "HANDLED"]):
         InboxMessage.objects.create(consumer="billing", message_id=str(n), state=state)
@@ -257,8 +257,8 @@ def test_command__negative_threshold_is_a_usage_error(capsys):
 def pause(name: str, *, since: datetime.timedelta, probed: datetime.timedelta):
     """A relay's pause of ``name``: paused ``since`` ago, next probe ``probed``
     from now."""
-    from outbox_app.delivery.publishers import Pause
     from outbox_app.models import SubscriberPause
+    from outbox_app.relay.sending import Pause
 
     now = timezone.now()
     SubscriberPause.objects.record(

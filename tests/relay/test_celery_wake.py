@@ -220,7 +220,7 @@ def test_checks_warn_when_wakeups_would_go_to_celerys_default_broker(settings):
     settings.OUTBOX_CELERY_WAKE = True
     if hasattr(settings, "CELERY_BROKER_URL"):
         del settings.CELERY_BROKER_URL
-    from outbox_app.checks import check_settings
+    from outbox_app.ops.checks import check_settings
 
     assert [m.id for m in check_settings()] == ["outbox.W004"]
     settings.CELERY_BROKER_URL = BROKER

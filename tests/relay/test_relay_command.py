@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count
 
 from outbox_app import Notification, publish
-from outbox_app.states import State
+from outbox_app.store.lifecycle import State
 from tests.processes import Watched, kill_other_connections, spawn, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
@@ -159,7 +159,7 @@ def test_wakes_within_a_poll_by_notification_or_on_commit(vendor):
 def test_in_process_wakeup(handlers):
     """A relay running in the publishing process is woken by the on-commit
     signal on every database."""
-    from outbox_app.worker import RelayWorker
+    from outbox_app.relay.worker import RelayWorker
 
     handlers("record")
     worker = RelayWorker(poll_interval=60)

@@ -1,5 +1,5 @@
 """Domain events of the tests' Account aggregate: plain dataclasses, internal
-to the service (``outbox_app.aggregates``)."""
+to the service (``outbox_app.publishing.aggregates``)."""
 
 import decimal
 from dataclasses import dataclass

@@ -1,7 +1,7 @@
 from django.db import models
 
-from outbox_app.aggregates import RecordsEvents
-from outbox_app.tracking import track
+from outbox_app.publishing.aggregates import RecordsEvents
+from outbox_app.publishing.tracking import track
 
 from .domain import Credited
 
@@ -52,7 +52,7 @@ class Product(models.Model):
 
 
 class Account(RecordsEvents, models.Model):
-    """An aggregate recording domain events (``outbox_app.aggregates``)."""
+    """An aggregate recording domain events (``outbox_app.publishing.aggregates``)."""
 
     owner = models.CharField(max_length=50)
     balance = models.DecimalField(max_digits=10, decimal_places=2, default=0)

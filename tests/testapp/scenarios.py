@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from outbox_app import handler
-from outbox_app.registry import unregister
+from outbox_app.relay.registry import unregister
 
 from .events import OrderPlaced, Step
 from .models import SideEffect

@@ -1,5 +1,5 @@
 """Domain events recorded on aggregates and translated into integration
-events on save (``outbox_app.aggregates``), on every database."""
+events on save (``outbox_app.publishing.aggregates``), on every database."""
 
 from __future__ import annotations
 

@@ -269,8 +269,8 @@ def test_the_middleware_acts_for_the_request_s_user(django_user_model):
 def test_a_routing_key_may_use_the_operation(settings):
     from django.core.management import call_command
 
-    from outbox_app.delivery import relay_once
-    from outbox_app.registry import close_publishers
+    from outbox_app.relay import relay_once
+    from outbox_app.relay.registry import close_publishers
 
     settings.OUTBOX_PUBLISHERS = {
         "bus": {

@@ -6,8 +6,8 @@ import pytest
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from outbox_app.checks import check_settings, check_subscribers
 from outbox_app.conf import mask_url, outbox_settings
+from outbox_app.ops.checks import check_settings, check_subscribers
 
 
 def test_defaults_pass(settings):
@@ -85,7 +85,7 @@ def test_checks_run_through_manage_py_check(settings):
 
 def test_publisher_that_cannot_be_built_is_reported(settings):
     settings.OUTBOX_PUBLISHERS = {"broken": {"BACKEND": "no.such.Backend"}}
-    from outbox_app.checks import check_subscribers
+    from outbox_app.ops.checks import check_subscribers
 
     [message] = check_subscribers()
     assert message.id == "outbox.E015"
@@ -94,7 +94,7 @@ def test_publisher_that_cannot_be_built_is_reported(settings):
 
 def test_publisher_backend_must_be_a_publisher(settings):
     settings.OUTBOX_PUBLISHERS = {"odd": {"BACKEND": "collections.OrderedDict"}}
-    from outbox_app.checks import check_subscribers
+    from outbox_app.ops.checks import check_subscribers
 
     [message] = check_subscribers()
     assert "is not a Publisher subclass" in message.msg
@@ -102,8 +102,8 @@ def test_publisher_backend_must_be_a_publisher(settings):
 
 def test_handler_for_an_undefined_event_type_warns(handlers):
     from outbox_app import handler
-    from outbox_app.checks import check_subscribers
-    from outbox_app.registry import unregister
+    from outbox_app.ops.checks import check_subscribers
+    from outbox_app.relay.registry import unregister
 
     handler("OrderPlacd", name="typo")(lambda event, context: None)
     try:
@@ -117,7 +117,7 @@ def test_handler_for_an_undefined_event_type_warns(handlers):
 def test_sqlite_with_celery_relays_warns(settings):
     from django.db import connection
 
-    from outbox_app.checks import check_sqlite_relays
+    from outbox_app.ops.checks import check_sqlite_relays
 
     settings.OUTBOX_CELERY_WAKE = True
     ids = [m.id for m in check_sqlite_relays()]
@@ -185,7 +185,7 @@ def test_a_malformed_publisher_url_is_masked_in_check_and_errors(
     [message] = check_subscribers()
     assert message.id == check_id
     assert SECRET not in message.msg and "user:**@" in message.msg, message.msg
-    from outbox_app.registry import publishers as built
+    from outbox_app.relay.registry import publishers as built
 
     with pytest.raises(ImproperlyConfigured) as raised:
         built()
@@ -239,9 +239,9 @@ def test_a_pause_logs_and_records_its_reason_masked(caplog):
 
     from django.utils import timezone
 
-    from outbox_app.delivery.publishers import pauses
     from outbox_app.models import SubscriberPause
     from outbox_app.publishers.base import Publisher
+    from outbox_app.relay.sending import pauses
 
     caplog.set_level(logging.ERROR, logger="outbox_app.relay")
     error = ConnectionError(f"cannot reach redis://:{SECRET}@cache:6379/0")

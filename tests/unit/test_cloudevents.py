@@ -10,13 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from outbox_app import events
-from outbox_app.publishers.cloudevents import (
-    CONTENT_TYPE,
-    body,
-    rfc3339,
-    to_cloudevent,
-)
+from outbox_app.events import codec
+from outbox_app.publishers.cloudevents import CONTENT_TYPE, body, rfc3339, to_cloudevent
 from outbox_app.subscribers import DeliveryContext
 
 EVENT_ID = uuid.UUID("0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10")
@@ -152,4 +147,4 @@ def test_a_payload_integer_beyond_64_bits_is_sent_unchanged():
     ],
 )
 def test_stored_json_is_read_as_the_standard_library_reads_it(text):
-    assert events.loads(text) == json.loads(text)
+    assert codec.loads(text) == json.loads(text)

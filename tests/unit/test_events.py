@@ -15,7 +15,8 @@ from outbox_app import (
     InvalidEventType,
     upcaster,
 )
-from outbox_app.events import decode, encode, event_class
+from outbox_app.events.codec import decode, encode
+from outbox_app.events.types import event_class
 from tests.testapp.events import OrderPlaced
 
 

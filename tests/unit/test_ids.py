@@ -5,7 +5,7 @@ import sys
 import time
 import uuid
 
-from outbox_app.ids import _uuid7
+from outbox_app.events.ids import _uuid7
 
 
 def test_ids_are_uuid7_and_strictly_increasing():
@@ -22,7 +22,11 @@ def test_a_burst_does_not_run_ahead_of_the_clock():
     burst = [_uuid7() for _ in range(50_000)]
     assert (burst[-1].int >> 80) <= time.time_ns() // 1_000_000
     later = subprocess.run(
-        [sys.executable, "-c", "from outbox_app.ids import _uuid7; print(_uuid7())"],
+        [
+            sys.executable,
+            "-c",
+            "from outbox_app.events.ids import _uuid7; print(_uuid7())",
+        ],
         capture_output=True,
         text=True,
         check=True,

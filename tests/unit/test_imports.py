@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from outbox_app import registry
+from outbox_app.relay import registry
 
 
 def test_handlers_modules_are_autodiscovered():
@@ -16,7 +16,8 @@ def test_outbox_app_never_imports_celery():
         "import sys, django, os;"
         "os.environ['DJANGO_SETTINGS_MODULE'] = 'tests.settings';"
         "django.setup();"
-        "import outbox_app, outbox_app.delivery, outbox_app.worker, outbox_app.admin;"
+        "import outbox_app, outbox_app.relay, outbox_app.relay.worker;"
+        "import outbox_app.admin;"
         "from outbox_app import publish, handler;"
         "assert 'celery' not in sys.modules, 'celery imported'"
     )

@@ -1,5 +1,5 @@
 """``manage.py outbox_purge``: delete finished outbox rows older than the
-retention (``outbox_app.purge``)."""
+retention (``outbox_app.ops.purge``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
 from django.template.defaultfilters import pluralize
 
-from outbox_app import purge
 from outbox_app.conf import outbox_settings
+from outbox_app.ops import purge
 
 
 def _days(text: str) -> float:

@@ -9,9 +9,9 @@ from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from outbox_app import operations
 from outbox_app.exceptions import OutboxError
-from outbox_app.states import REQUEUEABLE, State
+from outbox_app.ops import operations
+from outbox_app.store.lifecycle import REQUEUEABLE, State
 
 
 def _moment(text: str) -> datetime.datetime:

@@ -10,10 +10,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from django.template.defaultfilters import pluralize
 
-from outbox_app import metrics, status
 from outbox_app.conf import mask_url
 from outbox_app.exceptions import OutboxError
-from outbox_app.states import State
+from outbox_app.ops import metrics, status
+from outbox_app.store.lifecycle import State
 
 #: Exit status when a --max-* threshold is crossed (1 is any other failure).
 UNHEALTHY = 2
@@ -50,7 +50,7 @@ class Command(BaseCommand):
             default="table",
             help="table (default); json: one JSON object, the admin's "
             "overview.json plus a 'problems' list; prometheus: the metrics in "
-            "Prometheus' text format (outbox_app.metrics; needs "
+            "Prometheus' text format (outbox_app.ops.metrics; needs "
             "outbox_app[prometheus]), e.g. for node-exporter's textfile "
             "collector.",
         )

@@ -1,7 +1,7 @@
 """``manage.py outbox_subscribers``: list, record, retire and reactivate the
-subscriptions relays recorded (:class:`outbox_app.models.Subscription`) and
+subscriptions relays recorded (:class:`outbox_app.store.models.Subscription`) and
 the consumers ``consume`` processes recorded
-(:class:`outbox_app.models.ConsumerSubscription`)."""
+(:class:`outbox_app.store.models.ConsumerSubscription`)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,21 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count
 from django.template.defaultfilters import pluralize
 
-from outbox_app import inbox, operations, registry
-from outbox_app.db import database_now
+from outbox_app import inbox
+from outbox_app.events.ids import worker_name
 from outbox_app.exceptions import OutboxError
-from outbox_app.ids import worker_name
 from outbox_app.inbox import recorded
-from outbox_app.models import (
+from outbox_app.ops import operations
+from outbox_app.relay import registry
+from outbox_app.store.clock import database_now
+from outbox_app.store.lifecycle import INBOX_REQUEUEABLE, UNFINISHED
+from outbox_app.store.models import (
     ConsumerSubscription,
     InboxMessage,
     Notification,
     Subscription,
 )
-from outbox_app.querysets import SERVED_SECONDS
-from outbox_app.states import INBOX_REQUEUEABLE, UNFINISHED
+from outbox_app.store.querysets import SERVED_SECONDS
 from outbox_app.subscribers import WILDCARD
 
 

@@ -11,11 +11,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from outbox_app.delivery import RelayReport
 from outbox_app.exceptions import OutboxError
-from outbox_app.metrics import relay_metrics
-from outbox_app.models import Notification, OutboxEvent
-from outbox_app.worker import RelayWorker
+from outbox_app.execution.metrics import relay_metrics
+from outbox_app.relay import RelayReport
+from outbox_app.relay.worker import RelayWorker
+from outbox_app.store.models import Notification, OutboxEvent
 
 KINDS = {"publishers": "publisher", "handlers": "handler"}
 
@@ -83,7 +83,7 @@ class Command(BaseCommand):
             "error class, batch durations, publish-to-delivery latency, paused "
             "publishers) on this port, at /metrics (needs "
             "outbox_app[prometheus]). The outbox's own numbers (backlog, lag) "
-            "come from outbox_app.metrics.metrics_view.",
+            "come from outbox_app.ops.metrics.metrics_view.",
         )
         parser.add_argument(
             "--once",

@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-import outbox_app.aggregates
+import outbox_app.publishing.aggregates
 
 
 class Migration(migrations.Migration):
@@ -30,6 +30,6 @@ class Migration(migrations.Migration):
                 ),
                 ("version", models.PositiveIntegerField(default=0)),
             ],
-            bases=(outbox_app.aggregates.RecordsEvents, models.Model),
+            bases=(outbox_app.publishing.aggregates.RecordsEvents, models.Model),
         ),
     ]

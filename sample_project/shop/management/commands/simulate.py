@@ -26,11 +26,11 @@ from django.db.models import Count
 from django.test import Client
 
 from outbox_app import Notification, OutboxEvent
-from outbox_app.delivery import relay_once
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
-from outbox_app.registry import subscribers
-from outbox_app.states import State
+from outbox_app.relay import relay_once
+from outbox_app.relay.registry import subscribers
+from outbox_app.store.lifecycle import State
 from sample_project.shop.handlers import REVIEW_THRESHOLD, PaymentFlagged
 from sample_project.shop.models import ConsumedMessage, Product
 

@@ -1,0 +1,130 @@
+"""The retry policy: what a failed attempt means for its notification.
+
+A decision is a value (procrastinate's ``retry.py``): ``retry_at`` for a
+FAILED row that will be tried again, ``None`` for the dead letter (EXPIRED).
+Everything that decides between the two lives here, once, for handlers and
+publishers alike:
+
+* ``give_up_on`` exceptions, and exceptions outside ``retry_on``, expire at
+  once (a publisher gives up on :class:`~outbox_app.exceptions.UndeliverableMessage`);
+* the attempt that reaches ``max_attempts`` expires;
+* otherwise the row is due again after a capped exponential backoff with full
+  jitter (:func:`retry_delay`: ``uniform(0, min(cap, base * 2 ** (attempt -
+  1)))``, AWS's "full jitter"), counted from the failure;
+* the lease rule: a row claimed with more attempts than allowed had its last
+  allowed attempt's lease run out (its worker died or hung past the lease). It
+  is not run again: it expires with :class:`~outbox_app.exceptions.LeaseLost`.
+
+A transport outage (:class:`~outbox_app.exceptions.PublisherUnavailable`) is
+not an attempt at all: the publisher runner hands such rows back before they
+reach this policy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from dataclasses import dataclass
+
+from ..conf import outbox_settings
+from ..exceptions import LeaseLost, UndeliverableMessage
+from ..subscribers import Handler, Subscriber
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How one subscriber's failed attempts are retried.
+
+    Attributes:
+        max_attempts: attempts before the dead letter.
+        retry_on: exception classes retried with backoff.
+        give_up_on: exception classes that expire at once (checked first).
+        base, cap: backoff's first and largest ceiling, in seconds.
+    """
+
+    max_attempts: int
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    give_up_on: tuple[type[BaseException], ...] = ()
+    base: float = 1.0
+    cap: float = 600.0
+
+    @classmethod
+    def of(cls, subscriber: Subscriber) -> RetryPolicy:
+        """The policy of ``subscriber`` with the current ``OUTBOX_*`` settings."""
+        if isinstance(subscriber, Handler):
+            retry_on, give_up_on = subscriber.retry_on, subscriber.give_up_on
+        else:
+            retry_on, give_up_on = (Exception,), (UndeliverableMessage,)
+        return cls.with_options(subscriber.attempts_allowed, retry_on, give_up_on)
+
+    @classmethod
+    def with_options(
+        cls,
+        max_attempts: int | None,
+        retry_on: tuple[type[BaseException], ...],
+        give_up_on: tuple[type[BaseException], ...],
+    ) -> RetryPolicy:
+        """The policy of these options (a subscriber's, a consumer's of the
+        inbox) with the current ``OUTBOX_*`` settings; ``max_attempts`` None:
+        ``OUTBOX_MAX_ATTEMPTS``."""
+        return cls(
+            max_attempts=max_attempts or outbox_settings.MAX_ATTEMPTS,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
+            base=outbox_settings.RETRY_BASE_SECONDS,
+            cap=outbox_settings.RETRY_MAX_SECONDS,
+        )
+
+    def lease_ran_out(self, attempt: int) -> LeaseLost | None:
+        """The error to expire a row claimed for ``attempt`` with, if its last
+        allowed attempt never finished; ``None`` if it may run."""
+        if attempt <= self.max_attempts:
+            return None
+        return LeaseLost(
+            f"attempt {attempt - 1} of {self.max_attempts} never finished: its "
+            "worker died or hung past the lease"
+        )
+
+    def retry_at(
+        self,
+        error: BaseException,
+        attempt: int,
+        now: datetime.datetime,
+        rng: random.Random | None = None,
+    ) -> datetime.datetime | None:
+        """When to try again after ``error`` ended ``attempt`` (1-based) at
+        ``now``; ``None`` expires the row."""
+        if isinstance(error, (LeaseLost, *self.give_up_on)) or not isinstance(
+            error, self.retry_on
+        ):
+            return None
+        if attempt >= self.max_attempts:
+            return None
+        delay = retry_delay(attempt, self.base, self.cap, rng)
+        return now + datetime.timedelta(seconds=delay)
+
+
+def backoff_ceiling(attempt: int, base: float, cap: float) -> float:
+    """Largest delay after failed attempt number ``attempt`` (1-based), in seconds."""
+    if attempt < 1:
+        return 0.0
+    # 2 ** 63 would overflow float math for absurd attempt counts; the cap wins
+    # long before that.
+    return min(cap, base * 2 ** min(attempt - 1, 62))
+
+
+def retry_delay(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Seconds to wait before retrying after failed attempt ``attempt``.
+
+    Args:
+        attempt: the attempt that just failed, 1 for the first.
+        base: ceiling of the first delay, in seconds.
+        cap: largest ceiling, in seconds.
+        rng: source of randomness (tests pass a seeded one).
+
+    Returns:
+        A float in ``[0, backoff_ceiling(attempt, base, cap)]``.
+    """
+    return (rng or random).uniform(0.0, backoff_ceiling(attempt, base, cap))

@@ -1,0 +1,185 @@
+"""System checks: ``python manage.py check`` reports malformed outbox settings.
+
+Ids: ``outbox.E001``-``outbox.E0xx`` for settings that cannot work,
+``outbox.W0xx`` for ones that probably do not do what was meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import (
+    DEFAULTS,
+    RULES,
+    mask_url,
+    outbox_settings,
+    positive_number,
+    valid_publishers,
+)
+
+
+@checks.register("outbox")
+def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Each ``OUTBOX_*`` setting has the right type and range."""
+    messages: list[checks.CheckMessage] = []
+    for name, (check_id, valid, expected) in RULES.items():
+        value = outbox_settings.raw(name)
+        if not valid(value):
+            messages.append(
+                checks.Error(
+                    f"OUTBOX_{name} is {mask_url(repr(value))}; it must be {expected}.",
+                    hint=f"Fix or remove OUTBOX_{name} (default: "
+                    f"{DEFAULTS[name].default!r}). See docs/settings.md.",
+                    id=check_id,
+                )
+            )
+    base = outbox_settings.raw("RETRY_BASE_SECONDS")
+    cap = outbox_settings.raw("RETRY_MAX_SECONDS")
+    if positive_number(base) and positive_number(cap) and base > cap:
+        messages.append(
+            checks.Error(
+                f"OUTBOX_RETRY_BASE_SECONDS ({base}) is larger than "
+                f"OUTBOX_RETRY_MAX_SECONDS ({cap}).",
+                hint="The first retry delay cannot exceed the largest one.",
+                id="outbox.E013",
+            )
+        )
+    if outbox_settings.raw("CELERY_WAKE") is True:
+        try:
+            import celery  # noqa: F401
+        except ImportError:
+            messages.append(
+                checks.Error(
+                    "OUTBOX_CELERY_WAKE is True but Celery is not installed.",
+                    hint="pip install 'outbox_app[celery]', or set it to False.",
+                    id="outbox.E014",
+                )
+            )
+        else:
+            messages.extend(_check_celery_app())
+    unknown = sorted(
+        name
+        for name in dir(settings)
+        if name.startswith("OUTBOX_") and name[len("OUTBOX_") :] not in DEFAULTS
+    )
+    messages.extend(
+        checks.Warning(
+            f"{name} is not an outbox_app setting and is ignored.",
+            hint=_spelling_hint(name),
+            id="outbox.W001",
+        )
+        for name in unknown
+    )
+    return messages
+
+
+def _spelling_hint(name: str) -> str:
+    known = [f"OUTBOX_{setting}" for setting in DEFAULTS]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    if close:
+        return f"Did you mean {close[0]}? See docs/settings.md."
+    return "Check the spelling against docs/settings.md."
+
+
+@checks.register("outbox")
+def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Publishers can be built; handlers listen to event types that exist."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from ..events.types import registered_event_types
+    from ..publishers.base import build_publisher
+    from ..relay.registry import handlers
+
+    messages: list[checks.CheckMessage] = []
+    if valid_publishers(outbox_settings.raw("PUBLISHERS")):
+        for name, options in outbox_settings.PUBLISHERS.items():
+            try:
+                publisher = build_publisher(name, options)
+            except ImproperlyConfigured as exc:
+                messages.append(
+                    checks.Error(
+                        mask_url(str(exc)),
+                        hint="Check BACKEND and the options in docs/brokers.md.",
+                        id="outbox.E015",
+                    )
+                )
+                continue
+            messages.extend(
+                checks.Warning(
+                    f"publisher {name!r}: {mask_url(warning)}",
+                    hint="See the publisher's options in docs/brokers.md.",
+                    id="outbox.W005",
+                )
+                for warning in publisher.warnings()
+            )
+    known = registered_event_types()
+    for handler in handlers():
+        for event_type in sorted(handler.event_types - known):
+            messages.append(
+                checks.Warning(
+                    f"handler {handler.name!r} is registered for event type "
+                    f"{event_type!r}, which no Event class defines.",
+                    hint="Fine for events published as mappings; otherwise check "
+                    "the spelling or import the module that defines the class.",
+                    id="outbox.W002",
+                )
+            )
+    return messages
+
+
+def _check_celery_app() -> list[checks.CheckMessage]:
+    """The app wake-ups are sent with can be built, and names a broker."""
+    from ..tasks import celery_app
+
+    path = outbox_settings.raw("CELERY_APP")
+    if not RULES["CELERY_APP"][1](path):
+        return []  # reported by its rule (E017)
+    try:
+        celery_app()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Name your project's Celery app, or remove OUTBOX_CELERY_APP "
+                "to use one configured from the CELERY_* settings.",
+                id="outbox.E017",
+            )
+        ]
+    if path is None and not hasattr(settings, "CELERY_BROKER_URL"):
+        return [
+            checks.Warning(
+                "OUTBOX_CELERY_WAKE is on, but neither OUTBOX_CELERY_APP nor "
+                "CELERY_BROKER_URL is set: wake-ups would go to Celery's default "
+                "broker (amqp://guest@localhost//), where your workers may not "
+                "listen.",
+                hint='Set OUTBOX_CELERY_APP = "yourproject.celery.app", or '
+                "configure Celery from Django settings (CELERY_BROKER_URL).",
+                id="outbox.W004",
+            )
+        ]
+    return []
+
+
+@checks.register("outbox", checks.Tags.database)
+def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
+    """SQLite runs one relay per database file."""
+    from django.db import connections
+
+    if outbox_settings.raw("CELERY_WAKE") is not True:
+        return []
+    return [
+        checks.Warning(
+            f"Database {alias!r} is SQLite and OUTBOX_CELERY_WAKE is on: Celery "
+            "workers would run relays beside `manage.py relay`, but SQLite allows "
+            "one relay per database file (the others skip their run).",
+            hint="Run one relay: a single Celery worker or `manage.py relay`, not "
+            "both; or use PostgreSQL or MySQL/MariaDB.",
+            id="outbox.W003",
+        )
+        for alias in connections
+        if connections[alias].vendor == "sqlite"
+    ]

@@ -1,0 +1,321 @@
+"""Operators' operations on notifications: what the admin actions and
+``manage.py outbox_requeue`` do, beyond the transitions of ``querysets.py``.
+
+Every function takes querysets and works in bounded batches, so it behaves the
+same on ten rows and on a million, and never loads the rows themselves: the
+admin's "Requeue everything matching the current filter" on 100,000 rows holds
+one batch of ids in memory at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Q, QuerySet
+
+from ..exceptions import SubscriptionInUse
+from ..relay import registry
+from ..store.clock import database_now
+from ..store.lifecycle import (
+    ABANDONABLE,
+    EXPIRABLE,
+    REQUEUEABLE,
+    RETRYABLE,
+    SKIPPABLE,
+    State,
+)
+from ..store.models import Notification, OutboxEvent
+from ..subscribers import WILDCARD
+
+#: Rows one operation handles per statement.
+DEFAULT_BATCH_SIZE = 1000
+
+#: The rows each operator's transition changes (the rest are left alone), as in
+#: ``NotificationQuerySet.requeue()`` / ``retry_now()`` / ``expire()``.
+TRANSITION_STATES: dict[str, tuple[State, ...]] = {
+    "requeue": REQUEUEABLE,
+    "retry_now": RETRYABLE,
+    "expire": EXPIRABLE,
+    "skip": SKIPPABLE,
+}
+
+
+def affected(notifications: QuerySet, transition: str) -> QuerySet:
+    """The rows of ``notifications`` that ``transition`` would change.
+
+    Args:
+        notifications: a Notification queryset.
+        transition: ``"requeue"``, ``"retry_now"`` or ``"expire"``.
+    """
+    return notifications.filter(state__in=TRANSITION_STATES[transition])
+
+
+def apply(
+    notifications: QuerySet,
+    transition: str,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Run one operator's transition on ``notifications``, in batches.
+
+    Args:
+        notifications: a Notification queryset (any filter; its ordering and
+            slicing are ignored).
+        transition: ``"requeue"`` (FAILED/EXPIRED -> PENDING, due now, attempts
+            reset), ``"retry_now"`` (FAILED rows due now) or ``"expire"``
+            (PENDING/FAILED -> EXPIRED).
+        batch_size: rows per UPDATE.
+        dry_run: count the rows it would change, change nothing.
+
+    Returns:
+        Rows changed (or, with ``dry_run``, that would be).
+    """
+    if transition not in TRANSITION_STATES:
+        raise ValueError(f"unknown transition {transition!r}")
+    if dry_run:
+        return affected(notifications, transition).count()
+    return getattr(notifications, transition)(batch_size)
+
+
+def requeue_matching(
+    notifications: QuerySet,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Requeue every FAILED/EXPIRED row of ``notifications``, in batches.
+
+    Returns:
+        Rows requeued (or, with ``dry_run``, that would be).
+    """
+    return apply(notifications, "requeue", batch_size=batch_size, dry_run=dry_run)
+
+
+def requeue_deliveries(
+    events: QuerySet, *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> int:
+    """Requeue the FAILED/EXPIRED deliveries of the outbox events ``events``.
+
+    Returns:
+        Notifications requeued.
+    """
+    return (
+        Notification.objects.using(events.db)
+        .filter(event__in=events.values("id"))
+        .requeue(batch_size)
+    )
+
+
+def notifications_matching(
+    *,
+    subscriber: str,
+    states: Iterable[str] = REQUEUEABLE,
+    error_type: str | None = None,
+    since: datetime.datetime | None = None,
+    using: str = "default",
+) -> QuerySet:
+    """The notifications ``manage.py outbox_requeue`` selects.
+
+    Args:
+        subscriber: a handler's or publisher's name (or a former name, an alias):
+            rows stored under any of its names match.
+        states: states to match; FAILED and EXPIRED by default.
+        error_type: only rows whose ``last_error_type`` is exactly this dotted
+            path (``"builtins.ConnectionError"``).
+        since: only rows whose last failure (or last change) is at or after this
+            time (``updated_at``).
+        using: database alias.
+
+    Raises:
+        UnknownSubscriber: no registered handler or configured publisher has that
+            name.
+    """
+    names = registry.get(subscriber).stored_names
+    rows = Notification.objects.using(using).for_subscribers(names)
+    rows = rows.filter(state__in=list(states))
+    if error_type:
+        rows = rows.filter(last_error_type=error_type)
+    if since is not None:
+        rows = rows.filter(updated_at__gte=since)
+    return rows
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What :func:`replay_to` did.
+
+    Attributes:
+        created: notifications created (the subscriber had none for the event).
+        reset: existing notifications put back to PENDING.
+        skipped: events left alone: sentinels, types the subscriber does not
+            receive, and deliveries a worker is running right now.
+    """
+
+    created: int = 0
+    reset: int = 0
+    skipped: int = 0
+
+    @property
+    def queued(self) -> int:
+        """Deliveries now due: created plus reset."""
+        return self.created + self.reset
+
+
+def replay_to(
+    events: QuerySet,
+    subscriber_name: str,
+    *,
+    batch_size: int = 500,
+) -> ReplayResult:
+    """Deliver ``events`` (again) to one subscriber: create its notification, or
+    reset the existing one (whatever its state but RUNNING) to PENDING, due now,
+    attempts reset. The last error is kept as history.
+
+    This is how a handler deployed after events were published is backfilled, and
+    how one subscriber gets events again (a consumer that lost its data).
+
+    Args:
+        events: an OutboxEvent queryset; sentinels and events of types the
+            subscriber does not receive are skipped.
+        subscriber_name: a handler's or publisher's name, or one of its aliases.
+        batch_size: events per transaction.
+
+    Returns:
+        A :class:`ReplayResult`.
+
+    Raises:
+        UnknownSubscriber: no handler or publisher has that name.
+    """
+    subscriber = registry.get(subscriber_name)
+    names = subscriber.stored_names
+    alias = events.db
+    rows = Notification.objects.using(alias)
+    base = events.order_by("id").only("id", "event_type")
+    created = reset = skipped = 0
+    last_id = None
+    while True:
+        page = base if last_id is None else base.filter(id__gt=last_id)
+        batch = list(page[:batch_size])
+        if not batch:
+            return ReplayResult(created, reset, skipped)
+        last_id = batch[-1].id
+        wanted = {
+            event.id
+            for event in batch
+            if event.event_type is not None and subscriber.receives(event.event_type)
+        }
+        skipped += len(batch) - len(wanted)
+        if not wanted:
+            continue
+        with transaction.atomic(using=alias):
+            now = database_now(alias)
+            existing = rows.filter(event_id__in=wanted, subscriber__in=names)
+            existing_ids = set(existing.values_list("event_id", flat=True))
+            done = existing.replay(now)
+            reset += done
+            skipped += len(existing_ids) - done
+            created += rows.create_for(
+                OutboxEvent.objects.filter(id__in=wanted - existing_ids),
+                subscriber.name,
+                now,
+            )
+
+
+#: What retiring a subscription does with its subscriber's waiting rows.
+WAITING = ("skip", "keep")
+
+
+def retire(
+    subscriptions: QuerySet,
+    *,
+    waiting: str,
+    by: str,
+    force: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> tuple[int, int]:
+    """Retire subscriptions (:class:`~outbox_app.store.models.Subscription` rows):
+    fan-out creates no notification for them from now on.
+
+    Args:
+        subscriptions: a Subscription queryset; retired rows in it are left
+            alone.
+        waiting: ``"skip"``: the subscriber's PENDING, FAILED and EXPIRED
+            notifications of those event types become SKIPPED (finished; RUNNING
+            rows are left to the relay that leased them); ``"keep"``: they stay
+            as they are, delivered if a relay that has the subscriber runs.
+        by: who retired them, stored as ``retired_by`` (``"admin: alice"``).
+        force: retire even rows a running relay still has.
+        batch_size: notifications per UPDATE.
+
+    Returns:
+        ``(subscriptions retired, notifications skipped)``.
+
+    Raises:
+        SubscriptionInUse: a relay refreshed one of them within
+            ``SERVED_SECONDS`` and ``force`` is not set; nothing is changed.
+        ValueError: ``waiting`` is not one of :data:`WAITING`.
+    """
+    if waiting not in WAITING:
+        raise ValueError(f"waiting must be one of {WAITING}, not {waiting!r}")
+    alias = subscriptions.db
+    with transaction.atomic(using=alias):
+        rows = subscriptions.active().select_for_update()
+        served = sorted(rows.served().values_list("subscriber", "event_type"))
+        if served and not force:
+            names = ", ".join(f"{name} <- {event_type}" for name, event_type in served)
+            raise SubscriptionInUse(
+                f"a running relay still has {names}: retire it once no relay "
+                "has it (or force it)"
+            )
+        pairs = list(rows.values_list("subscriber", "event_type"))
+        retired = rows.retire(by[:255])
+    skipped = 0
+    if waiting == "skip" and pairs:
+        match = Q()
+        for name, event_type in pairs:
+            match |= (
+                Q(subscriber=name)
+                if event_type == WILDCARD
+                else Q(subscriber=name, event_type=event_type)
+            )
+        skipped = (
+            Notification.objects.using(alias)
+            .filter(match)
+            .skip(batch_size, states=ABANDONABLE)
+        )
+    return retired, skipped
+
+
+def reactivate(subscriptions: QuerySet) -> int:
+    """Undo :func:`retire`: fan-out creates notifications for them again (not
+    for events fanned out meanwhile). Returns rows reactivated."""
+    return subscriptions.reactivate()
+
+
+def subscriber_choices() -> list[tuple[str, str]]:
+    """``(name, label)`` of every handler and publisher, for a form's choices."""
+    return [
+        (s.name, f"{s.name} ({s.kind}{', ordered' if s.ordered else ''})")
+        for s in sorted(registry.subscribers(), key=lambda s: s.name)
+    ]
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "TRANSITION_STATES",
+    "WAITING",
+    "ReplayResult",
+    "affected",
+    "apply",
+    "notifications_matching",
+    "reactivate",
+    "replay_to",
+    "requeue_deliveries",
+    "requeue_matching",
+    "retire",
+    "subscriber_choices",
+]

@@ -1,0 +1,426 @@
+"""The outbox at a glance: what the admin overview page, its JSON endpoint and
+``manage.py outbox_status`` show.
+
+:func:`overview` answers the questions operators otherwise ask the database by
+hand (seed 004): how many deliveries wait, fail or expired per subscriber, how
+old the oldest waiting one is (the lag: from when it was due, so deliveries
+scheduled for later are counted apart and never as lag), how many aggregates an
+expired delivery
+holds back, how many deliveries succeeded per minute, and how many events wait
+for fan-out. It returns plain JSON types only.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Count, Min
+from django.db.models.functions import Coalesce, TruncMinute
+
+from ..relay import registry
+from ..store.clock import database_now
+from ..store.lifecycle import InboxState, State
+from ..store.models import (
+    InboxMessage,
+    Notification,
+    OutboxEvent,
+    SubscriberPause,
+    Subscription,
+)
+from ..subscribers import Subscriber
+
+#: Deliveries not finished and still being tried: what the lag measures.
+WAITING = (State.PENDING, State.RUNNING, State.FAILED)
+#: Length of the deliveries-per-minute series.
+CHART_MINUTES = 24 * 60
+
+_UTC = datetime.UTC
+
+
+def overview(
+    *,
+    using: str = "default",
+    now: datetime.datetime | None = None,
+    deliveries: bool = True,
+) -> dict[str, Any]:
+    """Counts, lag and throughput of the outbox, per subscriber.
+
+    Args:
+        using: database alias.
+        now: the clock (tests pass a fixed one); default the database's
+            (:func:`~outbox_app.store.clock.database_now`).
+        deliveries: count the deliveries per minute of the last 24 hours
+            (``"deliveries"``: None without; a metrics scrape skips them).
+
+    Returns:
+        A JSON-serialisable dict::
+
+            {
+              "generated_at": "2025-01-01T12:00:00+00:00",
+              "paused": [                     # publishers paused by an outage
+                {"subscriber": "rabbitmq", "since": "...",
+                 "paused_seconds": 42.0, "next_probe": "...", "probes": 3,
+                 "reason": "cannot connect to amqp://...", "worker": "host:7"},
+              ],
+              "unserved": [                   # subscriptions no running relay has
+                {"subscriber": "audit", "event_type": "OrderPlaced",
+                 "kind": "handler", "last_seen": "...",
+                 "last_seen_seconds": 900.0, "last_seen_by": "host:7"},
+              ],
+              "lag_seconds": 12.5,            # oldest waiting delivery (since
+                                              # it was due) or fan-out, None
+                                              # when nothing waits
+              "scheduled": 5,                 # PENDING, deliver_at still ahead
+              "next_scheduled": "...",        # the soonest of those, or None
+              "states": {"PENDING": 3, "RUNNING": 0, "SUCCEEDED": 90,
+                         "FAILED": 1, "EXPIRED": 2},
+              "expired": 2,
+              "blocked_aggregates": 1,        # held back by an EXPIRED row,
+                                              # ordered subscribers only
+              "undelivered_events": 4,        # not fanned out yet
+              "oldest_undelivered_seconds": 3.0,  # of a subscribed type
+              "subscribers": [
+                {"name": "shop.handlers.email", "kind": "handler",
+                 "registered": True, "ordered": False,
+                 "stored_names": ["shop.handlers.email"],
+                 "states": {...}, "total": 96, "expired": 2,
+                 "oldest_pending_seconds": 12.5, "blocked_aggregates": None,
+                 "scheduled": 5, "next_scheduled": "..."},
+                ...
+              ],
+              "deliveries": {"start": "...", "end": "...", "minutes": 1440,
+                             "per_minute": [0, 4, ...], "total": 90,
+                             "peak": 12},
+              "inbox": [                      # manage.py consume's consumers
+                {"consumer": "billing.invoice_order",
+                 "states": {"HANDLED": 90, "FAILED": 1, "PARKED": 0}},
+              ],
+            }
+
+        A subscriber row with ``"registered": False`` holds notifications stored
+        under a name no handler or publisher has any more (a removed or renamed
+        subscriber without ``aliases``): nothing delivers them.
+
+    Raises:
+        ImproperlyConfigured: an ``OUTBOX_PUBLISHERS`` entry cannot be built.
+    """
+    now = now or database_now(using)
+    subscribers = registry.subscribers()
+    notifications = Notification.objects.using(using)
+
+    by_name: dict[str, dict[str, int]] = {}
+    for name, state, n in (
+        notifications.order_by()
+        .values_list("subscriber", "state")
+        .annotate(n=Count("id"))
+        .values_list("subscriber", "state", "n")
+    ):
+        by_name.setdefault(name, {})[state] = n
+    # A waiting row is late from when it was due: its scheduled deliver_at,
+    # else its creation at fan-out. Rows scheduled for later are not late.
+    oldest_by_name = dict(
+        notifications.filter(state__in=WAITING)
+        .exclude(deliver_at__gt=now)
+        .order_by()
+        .values_list("subscriber")
+        .annotate(oldest=Min(Coalesce("deliver_at", "created_at")))
+        .values_list("subscriber", "oldest")
+    )
+    scheduled_by_name = {
+        name: (n, soonest)
+        for name, n, soonest in notifications.scheduled(now)
+        .order_by()
+        .values_list("subscriber")
+        .annotate(n=Count("id"), soonest=Min("deliver_at"))
+        .values_list("subscriber", "n", "soonest")
+    }
+
+    rows = []
+    seen: set[str] = set()
+    for subscriber in sorted(subscribers, key=lambda s: s.name):
+        names = list(subscriber.stored_names)
+        seen.update(names)
+        blocked = (
+            notifications.for_subscribers(names).blocked_aggregates()
+            if subscriber.ordered
+            else None
+        )
+        rows.append(
+            _row(
+                subscriber.name,
+                names,
+                by_name,
+                oldest_by_name,
+                scheduled_by_name,
+                now,
+                kind=subscriber.kind,
+                registered=True,
+                ordered=subscriber.ordered,
+                blocked=blocked,
+            )
+        )
+    for name in sorted(set(by_name) - seen):
+        rows.append(
+            _row(
+                name,
+                [name],
+                by_name,
+                oldest_by_name,
+                scheduled_by_name,
+                now,
+                kind=None,
+                registered=False,
+                ordered=False,
+                blocked=None,
+            )
+        )
+
+    states = {state.value: 0 for state in State}
+    for counts in by_name.values():
+        for state, n in counts.items():
+            states[state] = states.get(state, 0) + n
+
+    undelivered = OutboxEvent.objects.using(using).undelivered()
+    fanout_oldest = _oldest_undelivered(undelivered, subscribers)
+    fanout_lag = _age(fanout_oldest, now)
+    waiting = [row["oldest_pending_seconds"] for row in rows if row["registered"]]
+    lags = [lag for lag in [*waiting, fanout_lag] if lag is not None]
+
+    return {
+        "generated_at": now.isoformat(),
+        "paused": paused(using=using, now=now),
+        "unserved": unserved(using=using, now=now),
+        "lag_seconds": max(lags) if lags else None,
+        "states": states,
+        "expired": states[State.EXPIRED],
+        "scheduled": sum(row["scheduled"] for row in rows),
+        "next_scheduled": min(
+            (row["next_scheduled"] for row in rows if row["next_scheduled"]),
+            key=datetime.datetime.fromisoformat,
+            default=None,
+        ),
+        "blocked_aggregates": sum(row["blocked_aggregates"] or 0 for row in rows),
+        "undelivered_events": undelivered.count(),
+        "oldest_undelivered_seconds": fanout_lag,
+        "subscribers": rows,
+        "deliveries": (
+            deliveries_per_minute(using=using, now=now) if deliveries else None
+        ),
+        "inbox": inbox(using=using),
+    }
+
+
+def inbox(*, using: str = "default") -> list[dict[str, Any]]:
+    """The transactional inbox per consumer (``manage.py consume``): messages
+    by state, one grouped query.
+
+    Returns:
+        ``[{"consumer", "states": {"HANDLED": n, "FAILED": n, "PARKED": n}},
+        ...]`` by consumer name; empty when nothing was consumed.
+    """
+    by_consumer: dict[str, dict[str, int]] = {}
+    for name, state, n in (
+        InboxMessage.objects.using(using)
+        .order_by()
+        .values_list("consumer", "state")
+        .annotate(n=Count("id"))
+        .values_list("consumer", "state", "n")
+    ):
+        counts = by_consumer.setdefault(name, dict.fromkeys(InboxState.values, 0))
+        counts[state] = n
+    return [
+        {"consumer": name, "states": states}
+        for name, states in sorted(by_consumer.items())
+    ]
+
+
+def paused(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Publishers a relay has paused because their destination is unreachable
+    (:class:`~outbox_app.store.models.SubscriberPause`), oldest outage first.
+
+    Returns:
+        ``[{"subscriber", "since", "paused_seconds", "next_probe", "probes",
+        "reason", "worker"}, ...]``; empty when every destination answers.
+    """
+    now = now or database_now(using)
+    return [
+        {
+            "subscriber": pause.subscriber,
+            "since": pause.paused_at.isoformat(),
+            "paused_seconds": _age(pause.paused_at, now),
+            "next_probe": pause.resume_at.isoformat(),
+            "probes": pause.probes,
+            "reason": pause.reason,
+            "worker": pause.worker,
+        }
+        for pause in SubscriberPause.objects.using(using)
+        .paused(now)
+        .order_by("paused_at")
+    ]
+
+
+def unserved(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Active subscriptions no running relay has (none refreshed them within
+    ``SERVED_SECONDS``): fan-out still creates their notifications, which
+    wait for a relay that has the subscriber (or for ``outbox_subscribers
+    --retire``).
+
+    Returns:
+        ``[{"subscriber", "event_type", "kind", "last_seen", "last_seen_seconds",
+        "last_seen_by"}, ...]``, least recently seen first.
+    """
+    now = now or database_now(using)
+    return [
+        {
+            "subscriber": s.subscriber,
+            "event_type": s.event_type,
+            "kind": s.kind,
+            "last_seen": s.last_seen_at.isoformat(),
+            "last_seen_seconds": _age(s.last_seen_at, now),
+            "last_seen_by": s.last_seen_by,
+        }
+        for s in Subscription.objects.using(using)
+        .unserved(now)
+        .order_by("last_seen_at", "subscriber", "event_type")
+    ]
+
+
+def deliveries_per_minute(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """Successful deliveries per minute over the last 24 hours.
+
+    Counted from ``completed_at`` of SUCCEEDED notifications, grouped by UTC
+    minute in the database (``TruncMinute``: portable across PostgreSQL,
+    MySQL/MariaDB and SQLite), so at most 1,440 rows come back however many
+    deliveries there were. Rows already purged are not counted.
+
+    Returns:
+        ``{"start", "end", "minutes", "per_minute", "total", "peak"}``:
+        ``per_minute[i]`` counts the minute starting ``start + i`` minutes; the
+        last bucket is the current (partial) minute.
+    """
+    now = (now or database_now(using)).astimezone(_UTC)
+    end = now.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1)
+    start = end - datetime.timedelta(minutes=CHART_MINUTES)
+    per_minute = [0] * CHART_MINUTES
+    buckets = (
+        Notification.objects.using(using)
+        .filter(state=State.SUCCEEDED, completed_at__gte=start, completed_at__lt=end)
+        .annotate(minute=TruncMinute("completed_at", tzinfo=_UTC))
+        .order_by()
+        .values_list("minute")
+        .annotate(n=Count("id"))
+        .values_list("minute", "n")
+    )
+    for minute, n in buckets:
+        index = int((minute.astimezone(_UTC) - start).total_seconds() // 60)
+        if 0 <= index < CHART_MINUTES:
+            per_minute[index] += n
+    return {
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "minutes": CHART_MINUTES,
+        "per_minute": per_minute,
+        "total": sum(per_minute),
+        "peak": max(per_minute),
+    }
+
+
+def problems(
+    data: dict[str, Any],
+    *,
+    max_lag: float | None = None,
+    max_expired: int | None = None,
+    max_parked: int | None = None,
+) -> list[str]:
+    """The thresholds an :func:`overview` crosses, as sentences for operators.
+
+    Args:
+        data: what :func:`overview` returned.
+        max_lag: most seconds the oldest waiting delivery may be old.
+        max_expired: most EXPIRED notifications tolerated.
+        max_parked: most PARKED inbox messages tolerated (the dead letter of
+            ``manage.py consume``).
+
+    Returns:
+        One message per crossed threshold; empty when healthy.
+    """
+    found = []
+    lag = data["lag_seconds"]
+    if max_lag is not None and lag is not None and lag > max_lag:
+        found.append(f"lag {lag:.1f}s is above --max-lag {max_lag:g}s")
+    if max_expired is not None and data["expired"] > max_expired:
+        found.append(
+            f"{data['expired']} expired notifications, more than --max-expired "
+            f"{max_expired}"
+        )
+    parked = sum(row["states"][InboxState.PARKED] for row in data.get("inbox", ()))
+    if max_parked is not None and parked > max_parked:
+        found.append(
+            f"{parked} parked inbox {'message' if parked == 1 else 'messages'}, "
+            f"more than --max-parked {max_parked}"
+        )
+    return found
+
+
+def _row(
+    name: str,
+    names: list[str],
+    by_name: dict[str, dict[str, int]],
+    oldest_by_name: dict[str, datetime.datetime],
+    scheduled_by_name: dict[str, tuple[int, datetime.datetime]],
+    now: datetime.datetime,
+    *,
+    kind: str | None,
+    registered: bool,
+    ordered: bool,
+    blocked: int | None,
+) -> dict[str, Any]:
+    states = {state.value: 0 for state in State}
+    for stored in names:
+        for state, n in by_name.get(stored, {}).items():
+            states[state] = states.get(state, 0) + n
+    oldest = [oldest_by_name[n] for n in names if n in oldest_by_name]
+    scheduled = [scheduled_by_name[n] for n in names if n in scheduled_by_name]
+    return {
+        "name": name,
+        "kind": kind,
+        "registered": registered,
+        "ordered": ordered,
+        "stored_names": names,
+        "states": states,
+        "total": sum(states.values()),
+        "expired": states[State.EXPIRED],
+        "oldest_pending_seconds": _age(min(oldest) if oldest else None, now),
+        "blocked_aggregates": blocked,
+        "scheduled": sum(n for n, _ in scheduled),
+        "next_scheduled": _iso(min((t for _, t in scheduled), default=None)),
+    }
+
+
+def _oldest_undelivered(undelivered, subscribers: Sequence[Subscriber]):
+    """Creation time of the oldest event waiting for fan-out that some subscriber
+    receives (an event nobody subscribes to waits on purpose)."""
+    if not subscribers:
+        return None
+    if all(s.event_types is not None for s in subscribers):
+        types = set().union(*(s.event_types for s in subscribers))
+        undelivered = undelivered.filter(event_type__in=types)
+    return undelivered.aggregate(oldest=Min("created_at"))["oldest"]
+
+
+def _iso(moment: datetime.datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _age(moment: datetime.datetime | None, now: datetime.datetime) -> float | None:
+    if moment is None:
+        return None
+    return round(max(0.0, (now - moment).total_seconds()), 1)

@@ -1,0 +1,443 @@
+"""Model change events: every create, update and delete of a tracked model
+publishes an event in the same transaction (seed 004, CoreWrite).
+
+``@outbox_app.track`` on a model class::
+
+    @track(exclude=["search_vector"], soft_delete="deleted_at")
+    class Product(models.Model): ...
+
+publishes, with the instance as the aggregate and ``operation`` in the
+envelope (routing key ``"{aggregate_type}.{operation}"``):
+
+=================  ===========  ==================================================
+event type         operation    payload
+=================  ===========  ==================================================
+``ProductCreated``  create      ``{"pk": ..., "values": {every tracked field}}``
+``ProductUpdated``  update      ``{"pk": ..., "changed": {...}, "previous": {...}}``
+``ProductSoftDeleted`` soft_delete ``{"pk": ..., "values": {...}}``
+``ProductDeleted``  delete      ``{"pk": ..., "values": {the last values}}``
+=================  ===========  ==================================================
+
+Why a class decorator (``pghistory.track()``, ``auditlog.register()``): the
+model stays a plain model, tracking is visible where the model is defined, and
+nothing else in the project changes. Values are keyed by attribute name
+(``category_id`` for a foreign key: its id) and encoded as payloads are
+(Decimal, dates, UUID as text); a file field is its name.
+
+How each write is covered, so no write escapes silently:
+
+- ``save()`` runs in ``transaction.atomic`` (its own when there is none, so
+  the outbox rule holds: no change without its event, no event without its
+  change). An update reads the stored row with ``SELECT ... FOR UPDATE`` first:
+  ``previous`` is what the database held, and concurrent saves of the row are
+  serialised. A save that changes no tracked field publishes nothing.
+- ``delete()``, ``QuerySet.delete()`` and deletes by cascade publish through
+  Django's ``post_delete`` signal, inside the deletion's transaction; one
+  INSERT for all the events of one ``delete()`` call.
+- ``QuerySet.bulk_create()`` publishes a Created event per object, one INSERT.
+- ``QuerySet.update()`` and ``bulk_update()`` publish an Updated (or
+  SoftDeleted) event per row they change, in their transaction: the rows are
+  read and locked first (``SELECT ... FOR UPDATE``), written (``update()`` by
+  primary key, :data:`UPDATE_BATCH` at a time), read again, and the changes
+  published with one INSERT per operation. A row the statement leaves as it
+  was publishes nothing; ``F()`` expressions show as the values they wrote.
+  Two reads besides Django's own statements: under :func:`untracked`, they
+  are Django's alone again.
+- ``bulk_create(ignore_conflicts=True / update_conflicts=True)`` raises
+  :class:`~outbox_app.exceptions.UntrackedWrite`: it cannot tell which rows
+  it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models, router, transaction
+from django.db.models.fields.files import FieldFile
+from django.db.models.signals import post_delete
+
+from ..events.types import validate_event_type
+from ..exceptions import UntrackedWrite
+from ..store.db import lock_waiting
+from .outbox import publish, publish_each
+
+#: model class -> its tracking
+_tracked: dict[type[models.Model], Tracking] = {}
+#: While set, tracked writes publish nothing (:func:`untracked`).
+_off: contextvars.ContextVar[bool] = contextvars.ContextVar("outbox_off", default=False)
+#: Deleted-event buffers of the delete() calls in progress (innermost last).
+_deleting: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "outbox_deleting", default=None
+)
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """How one model is tracked (what :func:`track` recorded)."""
+
+    model: type[models.Model]
+    name: str
+    fields: tuple[models.Field, ...]
+    soft_delete: models.Field | None
+
+    def event_type(self, suffix: str) -> str:
+        return f"{self.name}{suffix}"
+
+    def values(self, instance: models.Model) -> dict[str, Any]:
+        return {
+            f.attname: _plain(f, f.value_from_object(instance)) for f in self.fields
+        }
+
+    def stored(self, rows: models.QuerySet) -> dict[Any, dict[str, Any]]:
+        """The tracked values of ``rows`` as the database holds them, by
+        primary key, locked until the transaction ends."""
+        names = [f.attname for f in self.fields]
+        return {
+            row["pk"]: {f.attname: _plain(f, row[f.attname]) for f in self.fields}
+            for row in lock_waiting(rows.values("pk", *names))
+        }
+
+
+def track(
+    model: type[models.Model] | None = None,
+    *,
+    fields: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    soft_delete: str | None = None,
+    name: str | None = None,
+):
+    """Class decorator: publish a change event for every write of the model.
+
+    Args:
+        model: the model class (``@track`` without arguments).
+        fields: field names to track (default: every concrete field but the
+            primary key, which every payload carries as ``pk``).
+        exclude: field names not to track.
+        soft_delete: a nullable field whose change from empty to a value is a
+            soft delete (``{Name}SoftDeleted``, operation ``soft_delete``).
+        name: the event types' prefix (default: the model's class name).
+
+    Returns:
+        The model class, its ``save`` wrapped.
+
+    Raises:
+        ImproperlyConfigured: an unknown field name.
+        InvalidEventType: a ``name`` that makes a malformed event type.
+    """
+
+    def register(cls: type[models.Model]) -> type[models.Model]:
+        from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+
+        opts = cls._meta
+        try:
+            wanted = (
+                [opts.get_field(n) for n in fields]
+                if fields is not None
+                else [f for f in opts.concrete_fields if not f.primary_key]
+            )
+            skipped = {opts.get_field(n).name for n in exclude}
+            soft = opts.get_field(soft_delete) if soft_delete else None
+        except FieldDoesNotExist as exc:
+            raise ImproperlyConfigured(f"@track on {opts.label}: {exc}") from exc
+        prefix = name or cls.__name__
+        validate_event_type(f"{prefix}SoftDeleted")
+        spec = Tracking(
+            cls,
+            prefix,
+            tuple(f for f in wanted if f.name not in skipped and f.concrete),
+            soft,
+        )
+        _tracked[cls] = spec
+        cls.save = _saving(cls.save, spec)
+        cls.delete = _instance_delete(cls.delete)
+        post_delete.connect(_deleted, sender=cls, weak=False)
+        _patch_querysets()
+        return cls
+
+    return register(model) if model is not None else register
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Tracked writes in the block publish nothing, and ``QuerySet.update()``
+    / ``bulk_update()`` on tracked models are Django's single statements
+    again: for data migrations, backfills and writes that publish their own
+    event."""
+    token = _off.set(True)
+    try:
+        yield
+    finally:
+        _off.reset(token)
+
+
+def _saving(save, spec: Tracking):
+    @functools.wraps(save)
+    def tracked_save(self, *args, **kwargs):
+        if _off.get():
+            return save(self, *args, **kwargs)
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using):
+            before = None
+            if not self._state.adding and self.pk is not None:
+                rows = spec.model._base_manager.using(using).filter(pk=self.pk)
+                before = next(iter(spec.stored(rows).values()), None)
+            result = save(self, *args, **kwargs)
+            _publish_save(spec, self, before, kwargs.get("update_fields"), using)
+        return result
+
+    return tracked_save
+
+
+def _publish_save(spec, instance, before, update_fields, using) -> None:
+    after = spec.values(instance)
+    if before is None:
+        event, operation = _event(spec, "Created", instance.pk, values=after), "create"
+    else:
+        names = {f.attname for f in spec.fields}
+        if update_fields is not None:
+            chosen = {spec.model._meta.get_field(n).attname for n in update_fields}
+            names &= chosen
+        change = _change(spec, instance.pk, before, after, names)
+        if change is None:
+            return
+        event, operation = change
+    publish(event, aggregate=instance, operation=operation, using=using)
+
+
+def _change(
+    spec: Tracking, pk: Any, before: dict, after: dict, names: Iterable[str]
+) -> tuple[dict[str, Any], str] | None:
+    """The event of a row going from ``before`` to ``after`` (tracked values
+    by attname), comparing ``names``, and its operation; None when none of
+    them changed."""
+    changed = sorted(n for n in names if before[n] != after[n])
+    if not changed:
+        return None
+    soft = spec.soft_delete
+    if soft is not None and before[soft.attname] is None and after[soft.attname]:
+        return _event(spec, "SoftDeleted", pk, values=after), "soft_delete"
+    event = _event(
+        spec,
+        "Updated",
+        pk,
+        changed={n: after[n] for n in changed},
+        previous={n: before[n] for n in changed},
+    )
+    return event, "update"
+
+
+def _deleted(sender, instance, using, **kwargs) -> None:
+    """``post_delete`` of a tracked model: inside the deletion's transaction."""
+    if _off.get():
+        return
+    spec = _tracked[sender]
+    pk = instance.pk
+    item = (
+        _event(spec, "Deleted", pk, values=spec.values(instance)),
+        (spec.model._meta.label, pk),
+    )
+    buffer = _deleting.get()
+    if buffer is not None:
+        buffer.append((using, item))
+    else:
+        publish_each([item], operation="delete", using=using)
+
+
+def _event(spec: Tracking, suffix: str, pk: Any, **payload: Any) -> dict[str, Any]:
+    return {
+        "event_type": spec.event_type(suffix),
+        "payload": {"pk": pk, **payload},
+    }
+
+
+def _plain(field: models.Field, value: Any) -> Any:
+    """A value as payloads carry it: a file field as its name (None when
+    empty, stored or not)."""
+    if isinstance(field, models.FileField):
+        return (value.name if isinstance(value, FieldFile) else value) or None
+    return value
+
+
+# --- the querysets' bulk writes ------------------------------------------------------
+
+_patched = False
+
+
+def _patch_querysets() -> None:
+    """Route ``QuerySet.delete``, ``bulk_create``, ``update`` and
+    ``bulk_update`` of tracked models through tracking, once (every queryset:
+    a related manager's or a custom one's too). Untracked models pay one dict
+    lookup."""
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    qs = models.QuerySet
+    qs.delete = _queryset_delete(qs.delete)
+    qs.bulk_create = _tracked_bulk_create(qs.bulk_create)
+    qs.update = _tracked_update(qs.update)
+    qs.bulk_update = _tracked_bulk_update(qs.bulk_update)
+
+
+def _queryset_delete(delete):
+    @functools.wraps(delete)
+    def tracked_delete(self, *args, **kwargs):
+        if self.model not in _tracked or _off.get():
+            return delete(self, *args, **kwargs)
+        return _buffered(delete, self, self.db, args, kwargs)
+
+    return tracked_delete
+
+
+def _instance_delete(delete):
+    @functools.wraps(delete)
+    def tracked_delete(self, using=None, keep_parents=False):
+        if _off.get():
+            return delete(self, using=using, keep_parents=keep_parents)
+        alias = using or router.db_for_write(type(self), instance=self)
+        return _buffered(
+            delete, self, alias, (), {"using": using, "keep_parents": keep_parents}
+        )
+
+    return tracked_delete
+
+
+def _buffered(delete, target, alias: str, args, kwargs):
+    """Run ``delete`` in a transaction; its Deleted events, cascades
+    included, are published with one INSERT at its end, inside it."""
+    with transaction.atomic(using=alias), _buffer() as flush:
+        result = delete(target, *args, **kwargs)
+        flush()
+    return result
+
+
+@contextlib.contextmanager
+def _buffer():
+    """Collect the Deleted events of one delete() call; ``flush()`` publishes
+    them with one INSERT per database."""
+    buffer: list = []
+    token = _deleting.set(buffer)
+
+    def flush() -> None:
+        by_alias: dict[str, list] = {}
+        for using, item in buffer:
+            by_alias.setdefault(using, []).append(item)
+        buffer.clear()
+        for using, items in by_alias.items():
+            publish_each(items, operation="delete", using=using)
+
+    try:
+        yield flush
+    finally:
+        _deleting.reset(token)
+
+
+def _tracked_bulk_create(bulk_create):
+    @functools.wraps(bulk_create)
+    def tracked_bulk_create(self, objs, *args, **kwargs):
+        spec = _tracked.get(self.model)
+        if spec is None or _off.get():
+            return bulk_create(self, objs, *args, **kwargs)
+        if kwargs.get("ignore_conflicts") or kwargs.get("update_conflicts"):
+            raise UntrackedWrite(
+                f"bulk_create(ignore_conflicts/update_conflicts) on the tracked "
+                f"{spec.model._meta.label} cannot tell which rows it wrote: save() "
+                "each object, or run it in outbox_app.untracked() and "
+                "publish your own events"
+            )
+        with transaction.atomic(using=self.db):
+            created = bulk_create(self, objs, *args, **kwargs)
+            _publish_created(spec, created, self.db)
+        return created
+
+    return tracked_bulk_create
+
+
+def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
+    if any(obj.pk is None for obj in objs):
+        raise UntrackedWrite(
+            f"bulk_create on the tracked {spec.model._meta.label}: this database "
+            "does not return the new primary keys, so no Created event could name "
+            "its row; nothing was written. save() each object instead"
+        )
+    publish_each(
+        [
+            (
+                _event(spec, "Created", obj.pk, values=spec.values(obj)),
+                (spec.model._meta.label, obj.pk),
+            )
+            for obj in objs
+        ],
+        operation="create",
+        using=using,
+    )
+
+
+#: Rows one UPDATE of a tracked ``QuerySet.update()`` writes, by primary key
+#: (a parameter each: SQLite allows 32,766 per statement).
+UPDATE_BATCH = 1000
+
+
+def _tracked_update(update):
+    @functools.wraps(update)
+    def tracked_update(self, **kwargs):
+        spec = _tracked.get(self.model)
+        if spec is None or _off.get() or self.query.is_sliced:
+            return update(self, **kwargs)  # Django refuses a sliced one
+        rows = spec.model._base_manager.using(self.db)
+
+        def write(pks: list) -> int:
+            return sum(
+                update(rows.filter(pk__in=pks[i : i + UPDATE_BATCH]), **kwargs)
+                for i in range(0, len(pks), UPDATE_BATCH)
+            )
+
+        return _publish_changes(spec, self.order_by("pk"), write, self.db)
+
+    return tracked_update
+
+
+def _tracked_bulk_update(bulk_update):
+    @functools.wraps(bulk_update)
+    def tracked_bulk_update(self, objs, fields, *args, **kwargs):
+        spec = _tracked.get(self.model)
+        if spec is None or _off.get():
+            return bulk_update(self, objs, fields, *args, **kwargs)
+        objs = list(objs)
+        chosen = self.filter(pk__in=[obj.pk for obj in objs]).order_by("pk")
+
+        def write(pks: list) -> int:
+            with untracked():  # its own update() calls: published here
+                return bulk_update(self, objs, fields, *args, **kwargs)
+
+        return _publish_changes(spec, chosen, write, self.db)
+
+    return tracked_bulk_update
+
+
+def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:
+    """Lock and read the rows of ``chosen`` (a queryset), ``write(pks)`` them,
+    read them again and publish a change event per changed row, one INSERT
+    per operation, all in one transaction. Returns what ``write`` returned."""
+    names = [f.attname for f in spec.fields]
+    with transaction.atomic(using=using):
+        before = spec.stored(chosen)
+        written = write(list(before))
+        after = spec.model._base_manager.using(using).in_bulk(list(before))
+        by_operation: dict[str, list] = {}
+        for pk, was in before.items():
+            if pk not in after:
+                continue
+            change = _change(spec, pk, was, spec.values(after[pk]), names)
+            if change is not None:
+                event, operation = change
+                item = (event, (spec.model._meta.label, pk))
+                by_operation.setdefault(operation, []).append(item)
+        for operation, items in by_operation.items():
+            publish_each(items, operation=operation, using=using)
+    return written

@@ -1,0 +1,148 @@
+"""Fan-out: undelivered outbox events -> one notification per subscription.
+
+Fan-out creates notifications for every active :class:`~outbox_app.store.models.
+Subscription` of an event's type, not only for the subscribers this process
+has: each relay records the subscribers it has (:func:`subscribed_types`), so
+during a rolling deploy a relay of the old version fans out to a subscriber
+only the new version has, and the notifications wait for a relay that has it.
+Only events of types that have a subscription are taken, so an event nobody
+subscribes to stays undelivered and a subscriber deployed later still receives
+it (Ekbatan's EventFanoutJob, seed 000). Sentinel rows are never fanned out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from ..conf import outbox_settings
+from ..events.ids import worker_name
+from ..store.clock import database_now
+from ..store.gateway import Gateway
+from ..store.models import Subscription
+from ..store.querysets import HEARTBEAT_SECONDS
+from ..subscribers import WILDCARD, Subscriber
+from . import registry
+
+logger = logging.getLogger("outbox_app.relay")
+
+_lock = threading.Lock()
+#: (alias, subscriptions this process has) -> when it last recorded them
+#: (time.monotonic()).
+_recorded: dict[tuple[str, frozenset], float] = {}
+#: (alias, subscriber, event type) this process has and found retired (logged).
+_warned: set[tuple[str, str, str]] = set()
+
+
+def _read(rows) -> dict[tuple[str, str], bool]:
+    """Every stored subscription: (subscriber, event type) -> retired."""
+    return {
+        (subscriber, event_type): retired_at is not None
+        for subscriber, event_type, retired_at in rows.values_list(
+            "subscriber", "event_type", "retired_at"
+        )
+    }
+
+
+def subscribed_types(
+    subscribers: Sequence[Subscriber], using: str = "default"
+) -> frozenset[str] | None:
+    """Record ``subscribers`` as this process's, then return the event types
+    some active subscription receives.
+
+    Recording (``Subscription.objects.record``) inserts the rows that are
+    missing, refreshes ``last_seen_at`` every ``HEARTBEAT_SECONDS`` and
+    retires the rows of former names (``aliases``); it runs on the first call
+    of a process, once a heartbeat is due, and whenever a subscription this
+    process has is missing from the table. A subscription an operator retired
+    stays retired (logged once per process): retiring is an explicit act,
+    and so is reactivating (``manage.py outbox_subscribers --reactivate``).
+
+    Returns:
+        The event types (an empty set: nothing is subscribed), or ``None``
+        when some subscription receives every type.
+    """
+    local = {
+        (s.name, t) for s in subscribers for t in sorted(s.event_types or (WILDCARD,))
+    }
+    rows = Subscription.objects.using(using)
+    stored = _read(rows)
+    key = (using, frozenset(local))
+    with _lock:
+        last = _recorded.get(key)
+        due = last is None or time.monotonic() - last >= HEARTBEAT_SECONDS
+        if due or local - stored.keys():
+            _recorded[key] = time.monotonic()
+            due = True
+    if due:
+        rows.record(subscribers, worker_name())
+        stored = _read(rows)
+    active = {pair for pair, retired in stored.items() if not retired}
+    for pair in sorted(local - active):
+        if (using, *pair) not in _warned:
+            _warned.add((using, *pair))
+            logger.warning(
+                "subscription %s <- %s is retired: this relay delivers the "
+                "notifications it has, fan-out creates no new ones "
+                "(manage.py outbox_subscribers --reactivate %s)",
+                *pair,
+                pair[0],
+            )
+    types = {event_type for _, event_type in active}
+    return None if WILDCARD in types else frozenset(types)
+
+
+def fan_out(
+    *,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    subscribers: Sequence[Subscriber] | None = None,
+) -> int:
+    """Create the notifications of undelivered events, oldest first, in batches.
+
+    Each batch is one short transaction (one statement on PostgreSQL): lock
+    the oldest undelivered events of subscribed types after the previous
+    batch's last id, skipping those another relay is fanning out, insert one
+    PENDING notification per subscriber of their type (idempotently: the
+    ``(event, subscriber)`` pair is unique), flip ``delivered`` of those that
+    have a notification (an event whose only subscription was retired
+    meanwhile stays undelivered)
+    (:meth:`Gateway.fan_out <outbox_app.store.gateway.Gateway.fan_out>`).
+    Keyset pagination keeps each batch's scan to the rows it takes, however
+    stale the table's statistics (bench/RESULTS.md, benchmark 5); an event
+    that commits after this call passed its id is left to the next call.
+
+    Args:
+        using: database alias.
+        batch_size: events per transaction; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: stop starting new batches after this many seconds
+            (``0``: one batch); ``None`` runs until nothing is left.
+        subscribers: recorded as this process's subscribers first (see
+            :func:`subscribed_types`); default every registered handler and
+            configured publisher. Notifications are created for every active
+            subscription, whoever recorded it.
+
+    Returns:
+        Number of events fanned out.
+    """
+    types = subscribed_types(
+        registry.subscribers() if subscribers is None else subscribers, using
+    )
+    if types is not None and not types:
+        return 0
+    batch_size = batch_size or outbox_settings.BATCH_SIZE
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    gateway = Gateway(using)
+    total = 0
+    after = None  # the last id fanned out by this call
+    while True:
+        step = gateway.fan_out(types, batch_size, after, database_now(using))
+        total += step.fanned_out
+        if len(step.scanned) < batch_size or (
+            deadline is not None and time.monotonic() >= deadline
+        ):
+            return total
+        after = step.scanned[-1]

@@ -1,0 +1,349 @@
+"""Running in-process handlers over a claimed batch.
+
+Handlers run in groups: one transaction per group, each handler in a
+savepoint, then one compare-and-set UPDATE marks the group's successful rows
+SUCCEEDED. A handler's database writes and its mark commit together, so a
+handler that only touches the database takes effect exactly once; a failing
+handler's savepoint is rolled back and its failure recorded after the group
+commits; if any row of the group lost its lease meanwhile, the whole group
+rolls back. A group closes after a handler that queried the database (so its
+locks are released with it, as if it ran alone) or after ``GROUP_SECONDS`` (a
+tenth of the lease, if less): handlers that do not touch the database share
+one commit, the others get one each.
+
+A handler that registers ``transaction.on_commit`` callbacks (one not
+``robust``, at least) is not marked in the group's transaction: its callbacks
+are taken out of Django's list before the commit (its row is fenced by its
+lease in that transaction like the others), run by the relay after it, each
+guarded, and then the rows of such handlers are marked SUCCEEDED (one UPDATE
+per group), or failed with the error of a callback that raised. So a raising
+callback fails only its own row and never the commit, the other handlers'
+callbacks or the process; such a handler is at least once (a crash between
+the commit and the mark runs it again, its writes already committed).
+
+Before each group the batch keeps its lease (:meth:`Batch.keep`): rows another
+relay took over are dropped, and a relay that may have lost its lease renews
+before it starts another handler, so a relay back from a stall never runs
+handlers over rows it no longer holds.
+
+A handler's ``timeout`` is a SIGALRM in the main thread (the relay
+command's); it never interrupts a database call, which would leave the
+connection unusable: an alarm that falls inside one takes effect as soon as the
+call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import connections, transaction
+
+from ..conf import outbox_settings
+from ..exceptions import LeaseLost, TransactionBroken
+from ..execution import tracing
+from ..execution.limits import Deferral, time_limit
+from ..execution.metrics import relay_metrics
+from ..execution.retry import RetryPolicy
+from ..execution.run import event_for
+from ..store.db import transaction_broken
+from ..subscribers import DeliveryContext, Handler
+from .batch import Batch
+from .outcomes import Outcomes
+
+logger = logging.getLogger("outbox_app.relay")
+
+#: Longest a group of handlers shares one transaction, in seconds (a group
+#: always runs at least one handler). Short enough that a group's locks and its
+#: outcomes' visibility wait little; long enough that no-op handlers share one
+#: commit per batch (bench/RESULTS.md, benchmark 3).
+GROUP_SECONDS = 0.1
+
+
+def run_handlers(
+    batch: Batch,
+    handler: Handler,
+    outcomes: Outcomes,
+    stop: threading.Event,
+    rng: random.Random | None = None,
+) -> None:
+    """Run ``handler`` on the batch's rows, in order, group by group, and
+    record every outcome. When ``stop`` is set, the rows not attempted yet are
+    released instead."""
+    _Runner(batch, handler, outcomes, stop, rng).run()
+
+
+class _Runner:
+    def __init__(self, batch, handler, outcomes, stop, rng):
+        self.batch: Batch = batch
+        self.handler: Handler = handler
+        self.outcomes: Outcomes = outcomes
+        self.stop: threading.Event = stop
+        self.rng = rng
+        self.policy = RetryPolicy.of(handler)
+        self.using = batch.gateway.using
+        self.seconds = min(GROUP_SECONDS, outbox_settings.LEASE_SECONDS / 10)
+
+    def run(self) -> None:
+        waiting = list(self.batch.contexts)
+        while waiting:
+            if self.stop.is_set():
+                self.outcomes.released([c.notification_id for c in waiting])
+                return
+            kept = self.batch.keep(waiting)
+            self.outcomes.lost(len(waiting) - len(kept), "were taken over")
+            if not kept:
+                return
+            waiting = kept[self._group(kept) :]
+
+    def _group(self, contexts: list[DeliveryContext]) -> int:
+        """Run handlers on a prefix of ``contexts`` in one transaction, for
+        about ``self.seconds``; record the outcomes. Returns how many rows it
+        took."""
+        succeeded: list[int] = []
+        failures: list[tuple[DeliveryContext, BaseException]] = []
+        # The handlers whose on_commit callbacks the relay runs after the
+        # commit, with those callbacks: they are marked once these ran.
+        deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]] = []
+        taken = 0
+        connection = connections[self.using]
+        # Inside a caller's transaction (a test case, relay_once() in an
+        # atomic block) the callbacks belong to that transaction's commit.
+        outermost = not connection.in_atomic_block
+        try:
+            with transaction.atomic(using=self.using):
+                callbacks = len(connection.run_on_commit)
+                guard = _Guard(connection)
+                deadline = time.monotonic() + self.seconds
+                with connection.execute_wrapper(guard):
+                    for context in contexts:
+                        if taken and (
+                            time.monotonic() >= deadline
+                            or self.stop.is_set()
+                            or self.batch.lease_may_have_run_out()
+                        ):
+                            break
+                        taken += 1
+                        error = self.policy.lease_ran_out(context.attempt)
+                        queried = False
+                        registered = len(connection.run_on_commit)
+                        if error is None:
+                            error, queried = self._run_one(context, guard)
+                        later = None
+                        if error is None and outermost:
+                            later = _take_callbacks(connection, registered)
+                        if later:
+                            deferred.append((context, later))
+                        elif error is None:
+                            succeeded.append(context.notification_id)
+                        else:
+                            failures.append((context, error))
+                        if queried:
+                            # Its locks are held until the commit: commit now,
+                            # so no lock outlives its handler (two workers'
+                            # groups would otherwise deadlock on an
+                            # application's hot rows).
+                            break
+                in_transaction = guard.queried or bool(
+                    connection.run_on_commit[callbacks:]
+                )
+                if in_transaction:
+                    # The compare-and-set of the whole group, in its
+                    # transaction (with the handlers' writes, before their
+                    # on_commit callbacks): it marks only rows still leased
+                    # under this batch's token and locks them until the
+                    # commit; if one was taken over, it raises LeaseLost.
+                    self.outcomes.succeeded(succeeded, all_or_none=True)
+                    later_ids = [c.notification_id for c, _ in deferred]
+                    if (
+                        guard.queried
+                        and later_ids
+                        and len(self.batch.renew(later_ids)) < len(later_ids)
+                    ):
+                        # The same fence for the handlers marked later: their
+                        # writes commit only while their rows are this
+                        # batch's (leased afresh for their callbacks).
+                        raise LeaseLost("leases of handlers with callbacks lost")
+            if not in_transaction:
+                # Nothing was sent in the group's transaction (on PostgreSQL
+                # it did not even begin) and nothing waits for its commit:
+                # the mark goes alone, in autocommit.
+                self.outcomes.succeeded(succeeded)
+        except LeaseLost:
+            # A handler outran the lease and another relay claimed its row:
+            # every write of the group is rolled back (and the callbacks
+            # taken out are dropped with them), the rows still held are
+            # handed back, due at once; the others belong to that relay now.
+            held = succeeded + [c.notification_id for c, _ in deferred]
+            released = self.outcomes.released(held)
+            self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
+            deferred = []
+        except BaseException:
+            # The group's transaction is gone (its connection broke, or the
+            # process is being interrupted): its successes were rolled back
+            # and stay RUNNING until their lease runs out. The failures it
+            # collected are still recorded where the connection allows.
+            self._record(failures)
+            raise
+        self._record(failures)
+        if deferred:
+            self._after_commit(deferred)
+        return taken
+
+    def _after_commit(
+        self, deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]]
+    ) -> None:
+        """Run the ``on_commit`` callbacks of the handlers of ``deferred`` now
+        that their writes committed, in order, each guarded, then record the
+        outcomes: SUCCEEDED (one UPDATE for them all), or a failed attempt
+        with the first error a handler's callback raised (retried, or
+        EXPIRED, by the retry policy). A ``robust`` callback's error is
+        logged, as Django logs it, and fails nothing. A crash before the marks
+        leaves the rows RUNNING until their lease runs out: the handlers then
+        run again, over their committed writes (at least once)."""
+        done: list[int] = []
+        failures: list[tuple[DeliveryContext, BaseException]] = []
+        for context, callbacks in deferred:
+            error = None
+            for func, robust in callbacks:
+                try:
+                    func()
+                except Exception as exc:
+                    if robust or error is not None:
+                        logger.error(
+                            "%s: an on_commit callback of notification %s raised: %s",
+                            self.handler.name,
+                            context.notification_id,
+                            exc,
+                            exc_info=exc,
+                            extra={"subscriber": self.handler.name},
+                        )
+                    else:
+                        error = exc
+            if error is None:
+                done.append(context.notification_id)
+            else:
+                failures.append((context, error))
+        self.outcomes.succeeded(done)
+        self._record(failures)
+
+    def _record(self, failures) -> None:
+        for context, error in failures:
+            retry_at = self.policy.retry_at(
+                error, context.attempt, self.batch.clock(), self.rng
+            )
+            self.outcomes.failed(context, error, retry_at)
+
+    def _run_one(
+        self, context: DeliveryContext, guard: _Guard
+    ) -> tuple[Exception | None, bool]:
+        """Run the handler on one row: (its error or None, whether it queried
+        the database)."""
+        handler = self.handler
+
+        def call() -> None:
+            event = event_for(context)
+            with tracing.span(
+                f"outbox handle {context.event_type}",
+                producer=False,
+                headers=(context.headers,),
+                attributes={
+                    "messaging.system": "outbox_app",
+                    "messaging.operation.type": "process",
+                    "messaging.destination.name": handler.name,
+                    "messaging.message.id": str(context.event_id),
+                    "outbox.attempt": context.attempt,
+                },
+            ):
+                began = time.monotonic()
+                try:
+                    with time_limit(handler.timeout, guard) as timer:
+                        handler.fn(event, context)
+                finally:
+                    relay_metrics.handler(handler.name, time.monotonic() - began)
+                if timer.fired:  # the handler caught HandlerTimeout and returned
+                    raise guard.timed_out()
+
+        return guard.run(call)
+
+
+def _take_callbacks(connection, start: int) -> list[tuple[Callable, bool]] | None:
+    """The ``on_commit`` callbacks registered on ``connection`` from position
+    ``start`` on, as ``(func, robust)``, taken out of Django's list so the
+    relay runs them after the commit, when one of them is not ``robust``.
+    None when there is none or all are robust: Django runs those at the
+    commit and logs their errors (``publish()``'s wake-up is one), so they
+    can neither fail the commit nor keep other callbacks from running."""
+    added = connection.run_on_commit[start:]
+    if all(robust for _, _, robust in added):
+        return None
+    del connection.run_on_commit[start:]
+    return [(func, robust) for _, func, robust in added]
+
+
+class _Guard(Deferral):
+    """The execute wrapper of one group: each handler's savepoint, sent only
+    before its first query, and its time limit, deferred while a database call
+    is in progress.
+
+    :meth:`run` calls a handler as a nested ``transaction.atomic()`` would,
+    inside the group's transaction, but a handler that never touches this
+    database (an e-mail, a cache, an HTTP call) costs no round trip, which is
+    most of what a no-op handler costs otherwise (bench/RESULTS.md).
+    """
+
+    def __init__(self, connection):
+        super().__init__("handler")
+        self.connection = connection
+        self.sid: str | None = None  # the running handler's savepoint
+        self.queried = False  # a handler of the group sent a query
+
+    def before(self) -> None:
+        if self.sid is None:
+            self.sid = ""  # the SAVEPOINT statement itself passes here
+            self.sid = self.connection.savepoint()
+            self.queried = True
+
+    def run(self, fn: Callable[[], None]) -> tuple[Exception | None, bool]:
+        """Call ``fn()`` in a savepoint sent before its first query.
+
+        Returns:
+            ``(error, queried)``. ``error`` is None when ``fn`` returned: its
+            writes stay in the group's transaction. It is ``fn``'s exception
+            when it raised or left the transaction marked for rollback: its
+            writes are rolled back and the ``on_commit`` callbacks it
+            registered dropped, as ``atomic()`` does. ``queried``: ``fn`` sent
+            a query.
+
+        Raises:
+            django.db.DatabaseError: rolling back to the savepoint failed (the
+                connection broke); the group's transaction is lost.
+        """
+        connection = self.connection
+        callbacks = len(connection.run_on_commit)
+        self.sid = None
+        try:
+            fn()
+            broken = transaction_broken(connection)
+            if broken:
+                raise TransactionBroken(f"the handler {broken}")
+            if self.sid:
+                connection.savepoint_commit(self.sid)
+            return None, self.sid is not None
+        except Exception as exc:
+            error = exc
+        # As atomic() leaves a failed nested block: clear the flag, roll back
+        # to the savepoint; if that fails, the group's transaction is lost.
+        connection.needs_rollback = False
+        if self.sid:
+            try:
+                connection.savepoint_rollback(self.sid)
+                connection.savepoint_commit(self.sid)
+            except Exception:
+                connection.needs_rollback = True
+                raise
+        del connection.run_on_commit[callbacks:]
+        return error, self.sid is not None

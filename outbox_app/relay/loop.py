@@ -1,0 +1,222 @@
+"""The relay's loop: fan out, then claim and deliver batch by batch.
+
+The ``relay`` management command, the Celery tasks and the tests call these;
+each is bounded by a batch size and a time budget and returns counts. No
+transaction or row lock is open while a broker call runs, and none but a
+handler group's own while handlers run. Under a backlog (a full batch) the
+next batch is claimed on a second connection while this one is delivered
+(PostgreSQL, MySQL/MariaDB; :class:`~outbox_app.relay.batch.ClaimAhead`),
+and a publisher keeps one batch on the wire while the previous one's confirms
+are collected (:mod:`outbox_app.relay.sending`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime
+
+from ..conf import outbox_settings
+from ..events.ids import worker_name
+from ..execution.metrics import relay_metrics
+from ..publishers.base import Publisher
+from ..store.clock import database_now
+from ..subscribers import Handler, Kind, Subscriber
+from . import registry
+from .batch import Batch, ClaimAhead, Fold
+from .fanout import fan_out, subscribed_types
+from .handlers import run_handlers
+from .outcomes import Outcomes, RelayReport
+from .sending import PublisherRunner, pauses
+
+#: database alias -> the subscriber the next deliver() call starts with.
+_next_first: dict[str, str] = {}
+
+
+def relay_once(
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+    stop: threading.Event | None = None,
+) -> RelayReport:
+    """Fan out, then deliver what is due, once.
+
+    Args:
+        kind: ``"handler"`` or ``"publisher"`` to deliver to one kind only;
+            ``None`` for both.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: time budget in seconds for the whole call; ``None``: until
+            nothing is due.
+        now: the clock for claims and backoff (tests); default the database's
+            (:func:`~outbox_app.store.clock.database_now`).
+        stop: when set (a relay shutting down), no new batch is claimed and the
+            unattempted rows of the current handler batch are released.
+
+    Returns:
+        RelayReport with the counts.
+    """
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    options = {"kind": kind, "using": using, "batch_size": batch_size, "now": now}
+    # Delivery fans out as it claims (unordered subscribers); what is left
+    # (events only ordered subscribers, or subscribers of the other kind,
+    # receive) is fanned out next, then delivered.
+    report = deliver(max_seconds=remaining(), stop=stop, **options)
+    fanned_out = fan_out(using=using, batch_size=batch_size, max_seconds=remaining())
+    report.fanned_out += fanned_out
+    if fanned_out and not (stop and stop.is_set()) and remaining() != 0:
+        report += deliver(max_seconds=remaining(), stop=stop, **options)
+    return report
+
+
+def deliver(
+    subscribers: Iterable[Subscriber] | None = None,
+    *,
+    kind: Kind | None = None,
+    using: str = "default",
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    now: datetime | None = None,
+    worker: str | None = None,
+    rng: random.Random | None = None,
+    stop: threading.Event | None = None,
+    fold: bool = True,
+) -> RelayReport:
+    """Claim and deliver due notifications, batch by batch, until none is due or
+    the time budget is spent.
+
+    Subscribers take turns, a batch each; a call that ran out of time is
+    followed by one that starts with the next subscriber, so one subscriber's
+    backlog does not hold up the others even when its batches outlast
+    ``max_seconds``. A publisher paused by an outage is
+    skipped until its probe succeeds (and no batch is claimed ahead for it).
+    With ``fold``, an unordered subscriber's batch that is not
+    full is topped up from events not fanned out yet: fan-out and claim are
+    one step (:meth:`Batch.claim <outbox_app.relay.batch.Batch.claim>`),
+    creating notifications for every active subscription (those of other
+    relays' subscribers too, :mod:`~outbox_app.relay.fanout`).
+
+    Args:
+        subscribers: whom to deliver for; default every subscriber of ``kind``.
+        kind: ``"handler"``, ``"publisher"`` or ``None`` (both), when
+            ``subscribers`` is not given.
+        using: database alias.
+        batch_size: rows per claim; default ``OUTBOX_BATCH_SIZE``.
+        max_seconds: stop claiming new batches after this many seconds; ``None``
+            runs until nothing is due. Batches already claimed are finished.
+        now: the clock for claims, backoff and pauses (tests); default the
+            database's (:func:`~outbox_app.store.clock.database_now`), read per batch.
+        worker: lease holder name; default :func:`worker_name`.
+        rng: randomness for backoff jitter (tests).
+        stop: when set, claim no new batch; a handler batch releases the rows
+            it has not attempted yet (due again at once, attempt taken back).
+        fold: fan out while claiming (see above).
+
+    Returns:
+        RelayReport with the counts.
+
+    Raises:
+        django.db.DatabaseError: the database failed outside a delivery (during
+            a claim); outcomes already written stay written.
+    """
+    chosen = list(registry.subscribers(kind) if subscribers is None else subscribers)
+    names = [s.name for s in chosen]  # rotated: see the docstring
+    if _next_first.get(using) in names:
+        start = names.index(_next_first.pop(using))
+        chosen = chosen[start:] + chosen[:start]
+    batch_size = batch_size or outbox_settings.BATCH_SIZE
+    worker = worker or worker_name()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    stop = stop or threading.Event()
+    report = RelayReport()
+    ahead = ClaimAhead(using)
+    runners = {
+        s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
+    }
+    folding = None
+    if fold:
+        known = registry.subscribers()
+        names = {s.name for s in known}
+        known += [s for s in chosen if s.name not in names]
+        folding = Fold(subscribed_types(known, using))
+
+    def claim(subscriber: Subscriber) -> Batch:
+        return Batch.claim(subscriber, using, batch_size, now, worker, folding)
+
+    delivering = 0.0  # seconds the last batch took to deliver
+    try:
+        active = chosen
+        while active:
+            still_busy: list[Subscriber] = []
+            for position, subscriber in enumerate(active):
+                if stop.is_set():
+                    return report
+                runner = runners.get(subscriber)
+                if runner is not None and not pauses.ready(
+                    subscriber, now or database_now(using), using, rng
+                ):
+                    runner.finish()
+                    continue
+                batch = ahead.take(subscriber) or claim(subscriber)
+                claimed = len(batch)
+                report.fanned_out += batch.fanned_out
+                report.claimed += claimed
+                lapsed = batch.take_lapsed()
+                if lapsed:
+                    Outcomes(batch.gateway, subscriber, batch.token, report).lapsed(
+                        lapsed
+                    )
+                # A full batch (in rows, or in bytes) may have more behind it;
+                # so may any batch of an ordered subscriber, which claims only
+                # each aggregate's head.
+                more = (
+                    claimed == batch_size
+                    or batch.near_budget()
+                    or (subscriber.ordered and claimed)
+                )
+                if more:
+                    still_busy.append(subscriber)
+                    # A backlog: claim the next batch on a second connection
+                    # while this one is delivered (unless time is up by then).
+                    following = active[position + 1 : position + 2] or still_busy
+                    if (
+                        deadline is None or time.monotonic() + delivering < deadline
+                    ) and not pauses.paused(following[0].name):
+                        ahead.submit(following[0], claim)
+                began = time.monotonic()
+                if runner is not None:
+                    # An ordered publisher's next heads appear only once this
+                    # batch is marked: no window for it.
+                    runner.deliver(batch, report, last=not more or subscriber.ordered)
+                elif len(batch):
+                    outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
+                    assert isinstance(subscriber, Handler)
+                    run_handlers(batch, subscriber, outcomes, stop, rng)
+                delivering = time.monotonic() - began
+                if relay_metrics.enabled and len(batch):
+                    relay_metrics.batch(
+                        subscriber.name,
+                        delivering,
+                        [c.deliver_at or c.occurred_at for c in batch.contexts],
+                        database_now(using),
+                    )
+                if deadline is not None and time.monotonic() >= deadline:
+                    _next_first[using] = active[(position + 1) % len(active)].name
+                    return report
+            active = still_busy
+        return report
+    finally:
+        # The batches in flight are collected; a batch claimed ahead and not
+        # delivered (time is up, stopping, an error) is handed back.
+        for runner in runners.values():
+            runner.close()
+        report += ahead.close()

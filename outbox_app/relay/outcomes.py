@@ -1,0 +1,225 @@
+"""Recording what happened to a claimed batch: one place writes outcomes,
+counts them and logs them.
+
+Every write is compare-and-set on the batch's lease token (the gateway's
+``succeed``, ``fail``, ``release``), so a relay that lost its lease writes
+nothing; the rows it no longer holds are counted as ``lost``. Saving an
+outcome is kept apart from logging it; log records carry structured
+``extra`` fields (``subscriber``, ``notification_id``, ``event_id``,
+``attempt``) for log pipelines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+
+from django.db import DatabaseError
+
+from ..exceptions import EventExpired, LeaseLost
+from ..execution.metrics import relay_metrics
+from ..execution.run import recorded_error
+from ..store.clock import database_now
+from ..store.gateway import Gateway
+from ..subscribers import DeliveryContext, Subscriber, dotted_path
+
+logger = logging.getLogger("outbox_app.relay")
+
+
+#: The error type recorded on a row skipped because its event expired.
+LAPSED_ERROR_TYPE = dotted_path(EventExpired)
+
+
+@dataclass
+class RelayReport:
+    """Counts of one relay call (rows, not events).
+
+    Attributes:
+        fanned_out: events turned into notifications.
+        claimed: notifications leased.
+        succeeded, failed, expired: outcomes written (FAILED will be retried).
+        lapsed: SKIPPED unattempted, their event expired (``expires_at``)
+            before delivery.
+        lost: outcomes discarded because the lease had passed to another worker.
+        released: claimed rows handed back unattempted (shutdown, time up, a
+            publisher paused by an outage); their attempt is not counted.
+    """
+
+    fanned_out: int = 0
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    expired: int = 0
+    lapsed: int = 0
+    lost: int = 0
+    released: int = 0
+
+    def __iadd__(self, other: RelayReport) -> RelayReport:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Outcomes:
+    """Writes the outcomes of one claimed batch and counts them in ``report``.
+
+    Args:
+        gateway: the statements of the batch's database.
+        subscriber: whose batch it is (for messages).
+        token: the batch's lease token.
+        report: where the counts go.
+    """
+
+    def __init__(
+        self, gateway: Gateway, subscriber: Subscriber, token, report: RelayReport
+    ):
+        self.gateway = gateway
+        self.subscriber = subscriber
+        self.token = token
+        self.report = report
+
+    def now(self) -> datetime.datetime:
+        """The time outcomes are stamped with: the database's clock."""
+        return database_now(self.gateway.using)
+
+    def succeeded(self, ids: Sequence[int], *, all_or_none: bool = False) -> int:
+        """Mark ``ids`` SUCCEEDED; the rows no longer held count as lost.
+        Returns rows written.
+
+        Raises:
+            LeaseLost: with ``all_or_none``, when a row was no longer held
+                (nothing is counted: the caller rolls the write back).
+        """
+        if not ids:
+            return 0
+        written = self.gateway.succeed(self.token, ids, self.now())
+        if all_or_none and written < len(ids):
+            raise LeaseLost(f"{len(ids) - written} of {len(ids)} leases lost")
+        self.report.succeeded += written
+        relay_metrics.outcome(self.subscriber.name, "succeeded", written)
+        if written < len(ids):
+            self.lost(len(ids) - written, "was delivered")
+        return written
+
+    def failed(
+        self,
+        context: DeliveryContext,
+        error: BaseException,
+        retry_at: datetime.datetime | None,
+    ) -> None:
+        """Record a failed attempt: FAILED due at ``retry_at``, or EXPIRED (the
+        dead letter) when ``retry_at`` is None. A database error while recording
+        leaves the row RUNNING until its lease runs out (it is retried then) and
+        is logged; the rest of the batch goes on."""
+        message, error_type, text = recorded_error(error)
+        try:
+            written = self.gateway.fail(
+                self.token,
+                context.notification_id,
+                error=message,
+                error_type=error_type,
+                traceback=text,
+                retry_at=retry_at,
+                now=self.now(),
+            )
+        except DatabaseError:
+            logger.exception(
+                "%s: could not record the failure of notification %s: %s",
+                self.subscriber.name,
+                context.notification_id,
+                error,
+                extra=_extra(self.subscriber, context),
+            )
+            return
+        if not written:
+            self.lost(1, "failed")
+            return
+        relay_metrics.failure(self.subscriber.name, error_type)
+        if retry_at is None:
+            self.report.expired += 1
+            relay_metrics.outcome(self.subscriber.name, "expired", 1)
+            logger.error(
+                "%s: notification %s of event %s EXPIRED after %d attempt(s): %s",
+                self.subscriber.name,
+                context.notification_id,
+                context.event_id,
+                context.attempt,
+                error,
+                extra=_extra(self.subscriber, context),
+            )
+        else:
+            self.report.failed += 1
+            relay_metrics.outcome(self.subscriber.name, "failed", 1)
+            logger.warning(
+                "%s: notification %s of event %s failed (attempt %d), retry at %s: %s",
+                self.subscriber.name,
+                context.notification_id,
+                context.event_id,
+                context.attempt,
+                retry_at.isoformat(),
+                error,
+                extra=_extra(self.subscriber, context),
+            )
+
+    def lapsed(self, contexts: Sequence[DeliveryContext]) -> int:
+        """Skip ``contexts`` unattempted: their event expired before delivery
+        (``publish(expires_at=...)``). Recorded as SKIPPED with the error type
+        ``EventExpired``. Returns rows written; the others count as lost."""
+        if not contexts:
+            return 0
+        written = self.gateway.lapse(
+            self.token,
+            [c.notification_id for c in contexts],
+            error="the event's expires_at passed before it was delivered",
+            error_type=LAPSED_ERROR_TYPE,
+            now=self.now(),
+        )
+        self.report.lapsed += written
+        relay_metrics.outcome(self.subscriber.name, "lapsed", written)
+        logger.info(
+            "%s: %d notification(s) skipped, their event expired before delivery",
+            self.subscriber.name,
+            written,
+            extra={"subscriber": self.subscriber.name},
+        )
+        self.lost(len(contexts) - written, "expired")
+        return written
+
+    def released(self, ids: Sequence[int], due: datetime.datetime | None = None) -> int:
+        """Hand ``ids`` back unattempted, due at ``due`` (default now). Returns
+        rows released; the others are no longer this batch's."""
+        released = self.gateway.release(self.token, ids, self.now(), due)
+        self.report.released += released
+        relay_metrics.outcome(self.subscriber.name, "released", released)
+        return released
+
+    def lost(self, count: int, what: str = "ran") -> None:
+        """``count`` rows turned out to be another relay's (their lease ran
+        out and it claimed them): their outcome is discarded."""
+        if not count:
+            return
+        self.report.lost += count
+        relay_metrics.outcome(self.subscriber.name, "lost", count)
+        logger.warning(
+            "%s: %d notification(s) %s after their lease had passed to another "
+            "relay; the outcome was discarded (at least once: that relay "
+            "delivers them)",
+            self.subscriber.name,
+            count,
+            what,
+            extra={"subscriber": self.subscriber.name},
+        )
+
+
+def _extra(subscriber: Subscriber, context: DeliveryContext) -> dict:
+    return {
+        "subscriber": subscriber.name,
+        "notification_id": context.notification_id,
+        "event_id": str(context.event_id),
+        "attempt": context.attempt,
+    }

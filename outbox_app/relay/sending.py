@@ -1,0 +1,346 @@
+"""Delivering claimed batches to a broker publisher: a confirm window across
+batches, and outages that pause the publisher instead of spending attempts.
+
+**Confirm window.** The runner sends batch N+1 before it collects batch N's
+confirms (:meth:`Publisher.send`, :meth:`Publisher.collect`), so one batch is
+on the wire while the previous one's confirms arrive and its rows are marked.
+Nothing is marked SUCCEEDED before the broker confirmed it; a relay killed at
+any point of the window leaves the unmarked rows RUNNING until their lease
+runs out, and another relay sends them again (at least once: the duplicates
+are the unconfirmed batches). An ordered publisher's next batch holds only
+aggregates with nothing in flight (the claim takes heads only), so the window
+keeps per-aggregate order.
+
+**Outages.** A failure of the transport itself
+(:class:`~outbox_app.exceptions.PublisherUnavailable`: connection refused or
+reset, channel closed, confirm timeout; or an ``OSError`` a backend raises) is
+a property of the destination, not of the messages. Their rows are handed back
+with no attempt counted, and the publisher is paused as a whole: no claims for
+it until a probe (:meth:`Publisher.probe`) succeeds, tried after a capped,
+jittered backoff (``OUTBOX_PAUSE_MAX_SECONDS``). One line is logged when it
+pauses and one when it resumes; ``outbox_status`` and the admin overview show
+the pause (:class:`~outbox_app.store.models.SubscriberPause`). An outage of any
+length ends with every event delivered and none EXPIRED. Per-message outcomes
+(a nack, an unroutable message) count as attempts and follow the retry policy;
+a message that can never be sent
+(:class:`~outbox_app.exceptions.UndeliverableMessage`) expires at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError
+
+from ..conf import mask_url, outbox_settings
+from ..exceptions import DeliveryError, PublisherUnavailable
+from ..execution import tracing
+from ..execution.metrics import relay_metrics
+from ..execution.retry import RetryPolicy, backoff_ceiling
+from ..publishers.base import Publisher
+from .batch import Batch, Sidecar
+from .outcomes import Outcomes, RelayReport
+
+logger = logging.getLogger("outbox_app.relay")
+
+
+class PublisherRunner:
+    """Delivers one publisher's batches for one :func:`deliver` call, keeping
+    at most one batch in flight between calls of :meth:`deliver`.
+
+    The SUCCEEDED marks of confirmed batches are written on a second
+    connection (a :class:`~outbox_app.relay.batch.Sidecar`) while the next
+    batch is sent, where one helps; :meth:`close` waits for them.
+    """
+
+    def __init__(
+        self, publisher: Publisher, using: str, rng: random.Random | None = None
+    ):
+        self.publisher = publisher
+        self.rng = rng
+        self.policy = RetryPolicy.of(publisher)
+        self.in_flight: _Sent | None = None
+        self.marks = Sidecar(using, "outbox-mark")
+        self.marking: list[tuple[Future, RelayReport, RelayReport]] = []
+
+    def deliver(self, batch: Batch, report: RelayReport, *, last: bool) -> None:
+        """Send ``batch``, then collect and record the batch sent before it.
+        ``last``: no batch follows soon, so collect this one at once too."""
+        outcomes = Outcomes(batch.gateway, self.publisher, batch.token, report)
+        claimed = batch.contexts
+        contexts = batch.keep(claimed)
+        outcomes.lost(len(claimed) - len(contexts), "were taken over")
+        fresh = []
+        for context in contexts:
+            error = self.policy.lease_ran_out(context.attempt)
+            if error is None:
+                fresh.append(context)
+            else:
+                outcomes.failed(context, error, None)
+        sent = None
+        if fresh:
+            name = self.publisher.name
+            try:
+                with tracing.span(
+                    f"outbox publish {name}",
+                    producer=True,
+                    headers=(c.headers for c in fresh),
+                    attributes={
+                        "messaging.system": "outbox_app",
+                        "messaging.operation.type": "send",
+                        "messaging.destination.name": name,
+                        "messaging.batch.message_count": len(fresh),
+                    },
+                ):
+                    handle = self.publisher.send(fresh)
+            except Exception as exc:
+                handle = _Raised(exc)
+            sent = _Sent(batch, outcomes, fresh, handle, backlog=not last)
+        self.finish()
+        self.in_flight = sent
+        if last:
+            self.finish()
+
+    def finish(self) -> None:
+        """Collect and record the batch in flight, if any."""
+        sent, self.in_flight = self.in_flight, None
+        if sent is None:
+            return
+        if isinstance(sent.handle, _Raised):
+            results = [sent.handle.error] * len(sent.contexts)
+        else:
+            try:
+                results = list(self.publisher.collect(sent.handle))
+                if len(results) != len(sent.contexts):
+                    raise RuntimeError(
+                        f"{type(self.publisher).__name__} reported {len(results)} "
+                        f"outcomes for {len(sent.contexts)} messages"
+                    )
+            except Exception as exc:
+                results = [exc] * len(sent.contexts)
+        self._record(sent, [self._normalise(r) for r in results])
+
+    def _normalise(self, result: Any) -> BaseException | None:
+        if result is None:
+            return None
+        if isinstance(result, OSError):  # a refused or reset connection
+            error = PublisherUnavailable(f"{type(result).__name__}: {result}")
+            error.__cause__ = result
+            return error
+        if isinstance(result, BaseException):
+            return result
+        return DeliveryError(f"{type(self.publisher).__name__} reported {result!r}")
+
+    def _record(self, sent: _Sent, results: list[BaseException | None]) -> None:
+        outcomes, batch = sent.outcomes, sent.batch
+        pairs = list(zip(sent.contexts, results, strict=True))
+        delivered = [c.notification_id for c, r in pairs if r is None]
+        outages = [(c, r) for c, r in pairs if isinstance(r, PublisherUnavailable)]
+        self._mark(outcomes, delivered, sent.backlog)
+        if outages:
+            # No attempt counted: the rows are due again at once (and claimed
+            # again once a probe shows the destination is back).
+            outcomes.released([c.notification_id for c, _ in outages])
+            pauses.pause(
+                self.publisher,
+                outages[0][1],
+                batch.clock(),
+                batch.gateway.using,
+                self.rng,
+            )
+        for context, error in pairs:
+            if error is not None and not isinstance(error, PublisherUnavailable):
+                retry_at = self.policy.retry_at(
+                    error, context.attempt, batch.clock(), self.rng
+                )
+                outcomes.failed(context, error, retry_at)
+
+    def _mark(self, outcomes: Outcomes, ids: list[int], backlog: bool) -> None:
+        """Mark ``ids`` SUCCEEDED; under a backlog, on the sidecar's connection
+        while the next batch is sent (the counts join ``outcomes.report`` when
+        the mark is done)."""
+        if not (backlog and self.marks.enabled) or self.publisher.ordered:
+            # No batch to overlap (a second connection would cost more than
+            # it saves), or an ordered publisher, whose next heads exist once
+            # these are marked.
+            outcomes.succeeded(ids)
+            return
+        self._merge(done_only=True)
+        counts = RelayReport()
+        later = Outcomes(outcomes.gateway, outcomes.subscriber, outcomes.token, counts)
+        future = self.marks.submit(later.succeeded, ids)
+        self.marking.append((future, counts, outcomes.report))
+
+    def _merge(self, done_only: bool = False) -> None:
+        """Add the counts of finished marks to their reports (``done_only``:
+        without waiting for the others).
+
+        Raises:
+            django.db.DatabaseError: a mark failed (its rows stay RUNNING until
+                their lease runs out, then are sent again).
+        """
+        while self.marking and (not done_only or self.marking[0][0].done()):
+            future, counts, report = self.marking.pop(0)
+            future.result()
+            report += counts
+
+    def close(self) -> None:
+        """Collect the batch in flight, wait for the marks, close the second
+        connection."""
+        try:
+            self.finish()
+            self._merge()
+        finally:
+            self.marks.close()
+
+
+@dataclass
+class _Sent:
+    batch: Batch
+    outcomes: Outcomes
+    contexts: list
+    handle: Any
+    backlog: bool  # more batches follow: its mark may overlap them
+
+
+@dataclass
+class _Raised:
+    error: BaseException
+
+
+# --- pauses -------------------------------------------------------------------
+
+
+@dataclass
+class Pause:
+    """A publisher paused by an outage of its destination.
+
+    Attributes:
+        since: when it paused.
+        resume_at: when the next probe may run.
+        probes: probes that failed since it paused.
+        reason: the transport error that paused it.
+    """
+
+    since: datetime.datetime
+    resume_at: datetime.datetime
+    probes: int
+    reason: str
+
+
+class Pauses:
+    """The publishers this process has paused, by subscriber name (shared by
+    its threads: an outage is the destination's, whichever thread saw it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._paused: dict[str, Pause] = {}
+
+    def paused(self, name: str) -> bool:
+        """Whether the publisher ``name`` is paused (no probe is run)."""
+        return name in self._paused
+
+    def clear(self) -> None:
+        """Forget every pause (tests)."""
+        with self._lock:
+            self._paused.clear()
+
+    def pause(
+        self,
+        publisher: Publisher,
+        error: BaseException,
+        now: datetime.datetime,
+        using: str,
+        rng: random.Random | None = None,
+    ) -> Pause:
+        """Pause ``publisher`` (or keep it paused, probing later) after
+        ``error``; logs once when it pauses."""
+        with self._lock:
+            pause = self._paused.get(publisher.name)
+            first = pause is None
+            reason = mask_url(str(error))
+            if first:
+                pause = Pause(since=now, resume_at=now, probes=0, reason=reason)
+                self._paused[publisher.name] = pause
+                relay_metrics.paused(publisher.name, True)
+            else:
+                pause.probes += 1
+                pause.reason = reason
+            pause.resume_at = now + datetime.timedelta(
+                seconds=probe_delay(pause.probes, rng)
+            )
+        if first:
+            logger.error(
+                "%s: destination unavailable, publisher paused (no attempts are "
+                "counted while it is down; probing again within %.0f s): %s",
+                publisher.name,
+                outbox_settings.PAUSE_MAX_SECONDS,
+                reason,
+                extra={"subscriber": publisher.name},
+            )
+        _save(using, publisher.name, pause, None)
+        return pause
+
+    def ready(
+        self,
+        publisher: Publisher,
+        now: datetime.datetime,
+        using: str,
+        rng: random.Random | None = None,
+    ) -> bool:
+        """Whether the relay may claim for ``publisher`` now: not paused, or
+        paused and a probe, due now, succeeds (which resumes it)."""
+        pause = self._paused.get(publisher.name)
+        if pause is None:
+            return True
+        if now < pause.resume_at:
+            return False
+        try:
+            publisher.probe()
+        except Exception as exc:
+            self.pause(publisher, exc, now, using, rng)
+            return False
+        with self._lock:
+            self._paused.pop(publisher.name, None)
+        relay_metrics.paused(publisher.name, False)
+        logger.warning(
+            "%s: destination reachable again, publisher resumed after %.0f s "
+            "(%d failed probe(s))",
+            publisher.name,
+            (now - pause.since).total_seconds(),
+            pause.probes,
+            extra={"subscriber": publisher.name},
+        )
+        _save(using, publisher.name, pause, now)
+        return True
+
+
+#: This process's paused publishers.
+pauses = Pauses()
+
+
+def probe_delay(probes: int, rng: random.Random | None = None) -> float:
+    """Seconds before the next probe after ``probes`` failed ones: doubling
+    from 0.5 s to ``OUTBOX_PAUSE_MAX_SECONDS``, "equal jitter" (half of it
+    random) so relays that paused together do not probe together."""
+    ceiling = backoff_ceiling(probes + 1, 0.5, outbox_settings.PAUSE_MAX_SECONDS)
+    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+def _save(
+    using: str, name: str, pause: Pause, resumed_at: datetime.datetime | None
+) -> None:
+    """Show the pause to operators (``outbox_status``, the admin overview);
+    best effort: a database that is down too must not stop the relay."""
+    from ..store.models import SubscriberPause
+
+    try:
+        SubscriberPause.objects.using(using).record(name, pause, resumed_at)
+    except DatabaseError:
+        logger.warning("%s: could not record the pause", name, exc_info=True)

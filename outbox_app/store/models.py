@@ -1,0 +1,490 @@
+"""The outbox table and the notifications table.
+
+``OutboxEvent`` is one published event with its envelope (Ekbatan's
+``eventlog.events``, seed 000). ``Notification`` is one delivery of one event to
+one subscriber, and carries the delivery state machine::
+
+    PENDING --claim--> RUNNING --> SUCCEEDED
+                          |------> FAILED (due again at next_retry_at) --claim--> ...
+                          '------> EXPIRED (the dead letter) --requeue--> PENDING
+    FAILED / EXPIRED --skip (an operator gives up on it)--> SKIPPED
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ..events import ids
+from ..events.codec import OutboxJSONEncoder
+from .db import FilteredIndex
+from .lifecycle import CLAIMABLE, UNFINISHED, InboxState, State
+from .querysets import (
+    ConsumerSubscriptionQuerySet,
+    InboxMessageQuerySet,
+    NotificationQuerySet,
+    OutboxEventQuerySet,
+    SubscriberPauseQuerySet,
+    SubscriptionQuerySet,
+    served_since,
+)
+
+#: The unique constraint on (aggregate_type, aggregate_id, aggregate_version):
+#: publish() reports its violation as DuplicateAggregateVersion.
+AGGREGATE_VERSION_UNIQUE = "outbox_event_aggregate_version_uniq"
+
+
+def new_event_id() -> uuid.UUID:
+    """A UUIDv7 (see :mod:`outbox_app.events.ids`): time-ordered, so the primary key
+    index stays append-mostly and ids sort in the order they were made."""
+    return ids.new_event_id()
+
+
+class OutboxEvent(models.Model):
+    """One event in the outbox, written in the publisher's transaction.
+
+    A row whose ``event_type`` is NULL is an action's sentinel: the action ran and
+    published nothing. Sentinels are never fanned out nor published.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_event_id, editable=False)
+    namespace = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=255, null=True, blank=True)
+    revision = models.PositiveIntegerField(default=1)
+    aggregate_type = models.CharField(max_length=150, null=True, blank=True)
+    aggregate_id = models.CharField(max_length=255, null=True, blank=True)
+    aggregate_version = models.BigIntegerField(null=True, blank=True)
+    payload = models.JSONField(null=True, blank=True, encoder=OutboxJSONEncoder)
+    headers = models.JSONField(default=dict, blank=True, encoder=OutboxJSONEncoder)
+    tenant_id = models.CharField(max_length=255, null=True, blank=True)
+    action_id = models.UUIDField(null=True, blank=True)
+    action_name = models.CharField(max_length=255, null=True, blank=True)
+    action_params = models.JSONField(null=True, blank=True, encoder=OutboxJSONEncoder)
+    occurred_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    operation = models.CharField(
+        max_length=32,
+        null=True,
+        blank=True,
+        help_text=_(
+            "What happened to the aggregate (create, update, delete, soft_delete "
+            "for tracked models), if given."
+        ),
+    )
+    deliver_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("Scheduled: no delivery before this time. Empty: at once."),
+    )
+    expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Not delivered after this time: a delivery still waiting then is "
+            "skipped (EventExpired). Empty: never expires."
+        ),
+    )
+    position = models.BigIntegerField(
+        null=True,
+        unique=True,
+        editable=False,
+        help_text=_(
+            "Publish order, numbered by the database when the row is inserted "
+            "(a row inserted without one gets the next number): ordered "
+            "subscribers receive an aggregate's events in this order."
+        ),
+    )
+    payload_bytes = models.PositiveIntegerField(
+        db_default=0,
+        editable=False,
+        help_text=_("Length of the payload's JSON text, in bytes (UTF-8)."),
+    )
+    delivered = models.BooleanField(
+        _("fanned out"),
+        help_text=_(
+            "Its notifications exist (one per subscriber); whether each was "
+            "delivered is the notification's state. Written False on insert."
+        ),
+    )
+
+    objects = OutboxEventQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox event")
+        verbose_name_plural = _("outbox events")
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["aggregate_type", "aggregate_id", "aggregate_version"],
+                name=AGGREGATE_VERSION_UNIQUE,
+            ),
+        ]
+        indexes = [
+            # Fan-out scans undelivered events of subscribed types, oldest
+            # first: in id order, so a batch (which starts after the previous
+            # one's last id, fanout.py) reads only the entries it takes.
+            FilteredIndex(
+                fields=["id", "event_type"],
+                name="outbox_event_undelivered",
+                when=Q(delivered=False),
+                fallback_prefix=["delivered"],
+            ),
+            # Ordered claims: does an aggregate have an earlier event still
+            # waiting for fan-out (gateway.py)? Only waiting rows are indexed.
+            FilteredIndex(
+                fields=["aggregate_type", "aggregate_id", "position"],
+                name="outbox_event_undelivered_agg",
+                when=Q(delivered=False),
+                fallback_prefix=["delivered"],
+            ),
+            models.Index(fields=["action_id"], name="outbox_event_action"),
+            models.Index(fields=["tenant_id", "id"], name="outbox_event_tenant"),
+            models.Index(fields=["created_at"], name="outbox_event_created"),
+        ]
+
+    #: The fields a notification copies from its event at fan-out
+    #: (NotificationQuerySet.create_for); ``id`` becomes its ``event_id``.
+    DELIVERY_FIELDS = (
+        "id",
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "aggregate_version",
+        "tenant_id",
+        "deliver_at",
+        "position",
+        "payload_bytes",
+    )
+
+    def __str__(self) -> str:
+        return f"{self.event_type or '(sentinel)'} {self.id}"
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.event_type is None
+
+
+class Notification(models.Model):
+    """One delivery of one outbox event to one subscriber.
+
+    ``next_retry_at`` is when the row is next claimable: now for a new row (its
+    event's ``deliver_at`` if scheduled later), the backoff time for a FAILED
+    one, and the lease expiry (``locked_until``) for a RUNNING one, so one
+    index serves every claim. The event's type, aggregate, position and
+    payload size are copied here at fan-out so claims, per-aggregate ordering
+    and the batch's byte budget read this table alone; the payload is read
+    through the ``event`` join.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(
+        OutboxEvent,
+        on_delete=models.CASCADE,
+        related_name="notifications",
+        db_index=False,  # the (event, subscriber) unique constraint leads with it
+    )
+    subscriber = models.CharField(max_length=150)
+    event_type = models.CharField(max_length=255)
+    aggregate_type = models.CharField(max_length=150, null=True, blank=True)
+    aggregate_id = models.CharField(max_length=255, null=True, blank=True)
+    aggregate_version = models.BigIntegerField(null=True, blank=True)
+    tenant_id = models.CharField(max_length=255, null=True, blank=True)
+    deliver_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("The event's scheduled time, copied at fan-out."),
+    )
+    position = models.BigIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("The event's publish order, copied at fan-out."),
+    )
+    payload_bytes = models.PositiveIntegerField(
+        db_default=0,
+        editable=False,
+        help_text=_("The event's payload size in bytes, copied at fan-out."),
+    )
+    state = models.CharField(max_length=16, choices=State, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField()
+    locked_until = models.DateTimeField(null=True, blank=True)
+    locked_by = models.CharField(max_length=255, blank=True, default="")
+    lease_token = models.UUIDField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_error_type = models.CharField(max_length=255, blank=True, default="")
+    last_traceback = models.TextField(blank=True, default="")
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("notification")
+        verbose_name_plural = _("notifications")
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event", "subscriber"], name="outbox_notification_uniq"
+            ),
+        ]
+        indexes = [
+            # Claims: due rows of some subscribers, in claim order
+            # (next_retry_at, id), so a claim reads only the rows it takes,
+            # whatever the backlog and however stale the table's statistics.
+            FilteredIndex(
+                fields=["subscriber", "next_retry_at", "id"],
+                name="outbox_notification_due",
+                when=Q(state__in=CLAIMABLE),
+                fallback_prefix=["state"],
+            ),
+            # Ordered subscribers: unfinished rows of one aggregate, in
+            # publish order.
+            FilteredIndex(
+                fields=["subscriber", "aggregate_type", "aggregate_id", "position"],
+                name="outbox_notification_order",
+                when=Q(state__in=UNFINISHED),
+                fallback_prefix=[],
+            ),
+            models.Index(fields=["state", "subscriber"], name="outbox_notif_state"),
+            models.Index(fields=["completed_at"], name="outbox_notif_completed"),
+        ]
+        permissions = [
+            ("requeue_notification", _("Can requeue, retry and expire notifications")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> {self.subscriber} [{self.state}]"
+
+
+class SubscriberPause(models.Model):
+    """A publisher a relay paused because its destination was unreachable
+    (``delivery/publishers.py``): written when it pauses, after each failed
+    probe and when it resumes, so operators see outages in ``outbox_status``
+    and the admin overview. No attempt is counted while it is paused.
+    """
+
+    subscriber = models.CharField(max_length=150, unique=True)
+    paused_at = models.DateTimeField(help_text=_("When the outage began."))
+    resume_at = models.DateTimeField(help_text=_("When the next probe may run."))
+    resumed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("When a probe succeeded; empty while paused."),
+    )
+    probes = models.PositiveIntegerField(default=0, help_text=_("Failed probes."))
+    reason = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=255, blank=True, default="")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = SubscriberPauseQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("subscriber pause")
+        verbose_name_plural = _("subscriber pauses")
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} paused at {self.paused_at}"
+
+
+class Subscription(models.Model):
+    """One subscriber's subscription to one event type, as relays recorded it
+    (``delivery/fanout.py``): fan-out creates a notification for every active
+    subscription of an event's type, whichever relay runs it, so a subscriber
+    one relay has reaches every relay during a rolling deploy. A relay
+    delivers only to the subscribers it has. NServiceBus's subscription
+    storage (message type, subscriber endpoint) is the model.
+
+    Rows are inserted by relays (and ``manage.py outbox_subscribers
+    --record``), refreshed while a relay has them (``last_seen_at``), and
+    retired only by an operator (``outbox_subscribers --retire``, the admin
+    action) or by a rename (a subscriber's ``aliases``); a retired row gets
+    no new notifications until it is reactivated.
+    """
+
+    subscriber = models.CharField(max_length=150)
+    event_type = models.CharField(
+        max_length=255, help_text=_("An event type, or * for every type.")
+    )
+    kind = models.CharField(max_length=20)
+    ordered = models.BooleanField(default=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(
+        default=timezone.now, help_text=_("When a relay that has it last ran.")
+    )
+    last_seen_by = models.CharField(max_length=255, blank=True, default="")
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Empty while active.")
+    )
+    retired_by = models.CharField(max_length=255, blank=True, default="")
+
+    objects = SubscriptionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("subscription")
+        verbose_name_plural = _("subscriptions")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscriber", "event_type"],
+                name="outbox_subscription_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} <- {self.event_type}"
+
+    def is_served(self, now=None) -> bool:
+        """Active, and a relay refreshed it within ``SERVED_SECONDS``."""
+        return self.retired_at is None and self.last_seen_at >= served_since(
+            now, self._state.db
+        )
+
+
+class InboxMessage(models.Model):
+    """A message a consumer received (``manage.py consume``): the transactional
+    inbox.
+
+    The row of a handled message is inserted in the transaction that holds the
+    consumer's own writes, so both commit or neither does; a redelivered
+    message finds its row, keyed by (consumer, CloudEvents ``source``, message
+    id), and is acknowledged without running the consumer again (MassTransit's
+    InboxState, Eventuate's ``received_messages``). The message is
+    acknowledged to the broker only after that commit. A message whose
+    consumer failed is kept here with its body and retried from the database
+    (FAILED, then PARKED: the dead letter), never blocking the queue; so is a
+    message kept for a consumer this process lacks (:class:`ConsumerSubscription`).
+    HANDLED rows older than ``OUTBOX_INBOX_RETENTION_DAYS`` are purged. Rows
+    recorded before the source was (an empty ``source``) still stop a
+    redelivery of their message id, whatever its source.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=150)
+    source = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_(
+            "The CloudEvents source: the producing service (its OUTBOX_NAMESPACE)."
+        ),
+    )
+    message_id = models.CharField(
+        max_length=255, help_text=_("The CloudEvents id: the outbox event id.")
+    )
+    queue = models.CharField(max_length=255, blank=True, default="")
+    event_type = models.CharField(max_length=255, blank=True, default="")
+    aggregate_type = models.CharField(max_length=150, blank=True, default="")
+    aggregate_id = models.CharField(max_length=255, blank=True, default="")
+    state = models.CharField(max_length=16, choices=InboxState)
+    attempts = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    body = models.TextField(
+        blank=True,
+        default="",
+        help_text=_("The message as received; kept until it is handled."),
+    )
+    last_error = models.TextField(blank=True, default="")
+    last_error_type = models.CharField(max_length=255, blank=True, default="")
+    last_traceback = models.TextField(blank=True, default="")
+    received_at = models.DateTimeField(default=timezone.now)
+    handled_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = InboxMessageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
+        ordering = ["-id"]
+        constraints = [
+            # CloudEvents ids are unique per source.
+            models.UniqueConstraint(
+                fields=["consumer", "source", "message_id"], name="outbox_inbox_key"
+            ),
+        ]
+        indexes = [
+            # The retry loop: FAILED rows due, in due order.
+            models.Index(fields=["state", "next_retry_at"], name="outbox_inbox_due"),
+            # Ordered consumers: unfinished rows of one aggregate.
+            models.Index(
+                fields=["consumer", "aggregate_type", "aggregate_id", "state"],
+                name="outbox_inbox_order",
+            ),
+            # Retention: handled rows by age.
+            models.Index(fields=["handled_at"], name="outbox_inbox_handled"),
+        ]
+        permissions = [
+            ("requeue_inboxmessage", _("Can requeue parked inbox messages")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type or self.message_id} -> {self.consumer} [{self.state}]"
+
+
+class ConsumerSubscription(models.Model):
+    """One ``@consumer``'s subscription to one event type on one queue, as
+    ``manage.py consume`` processes recorded it (at start, then every
+    ``HEARTBEAT_SECONDS``): the inbox's counterpart of :class:`Subscription`.
+
+    A ``consume`` process never acknowledges as ignored a message that an
+    active consumer recorded here receives and the process lacks (a rolling
+    deploy: the consumer is in the new code only); it keeps the message as
+    that consumer's inbox row (FAILED, due now, no attempt counted) and a
+    process that has the consumer runs it from the database. Rows are retired
+    only by an operator (``manage.py outbox_subscribers --retire``); a retired
+    consumer's messages are no longer kept by processes that lack it.
+    """
+
+    consumer = models.CharField(max_length=150)
+    queue = models.CharField(max_length=255)
+    event_type = models.CharField(
+        max_length=255, help_text=_("An event type, or * for every type.")
+    )
+    ordered = models.BooleanField(default=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(
+        default=timezone.now,
+        help_text=_("When a consume process that has it last ran."),
+    )
+    last_seen_by = models.CharField(max_length=255, blank=True, default="")
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Empty while active.")
+    )
+    retired_by = models.CharField(max_length=255, blank=True, default="")
+
+    objects = ConsumerSubscriptionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("consumer subscription")
+        verbose_name_plural = _("consumer subscriptions")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "queue", "event_type"],
+                name="outbox_consumer_subscription_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer} <- {self.event_type} on {self.queue}"
+
+    def is_served(self, now=None) -> bool:
+        """Active, and a consume process refreshed it within ``SERVED_SECONDS``."""
+        return self.retired_at is None and self.last_seen_at >= served_since(now)
+
+
+class OutboxOverview(Notification):
+    """Puts the outbox overview on the admin index (``admin.OverviewAdmin``):
+    a reusable app reaches the index only through a registered model."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
+        default_permissions = ()

@@ -1,0 +1,406 @@
+"""Predicates and operators' state transitions of the outbox tables.
+
+The admin, the management commands and the Celery tasks call these methods and
+never update a row themselves. The relay's own transitions (claim, renew,
+succeed, fail, release) are raw statements in
+:mod:`outbox_app.store.gateway`, the hot path's only sender of SQL.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+from django.db import models
+from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce
+
+from ..events.ids import worker_name
+from ..events.text import storable
+from .clock import database_now
+from .db import insert_select, reissued_on_deadlock
+from .lifecycle import (
+    CLAIMABLE,
+    EXPIRABLE,
+    INBOX_REQUEUEABLE,
+    REQUEUEABLE,
+    RETRYABLE,
+    SKIPPABLE,
+    InboxState,
+    State,
+)
+
+
+class OutboxEventQuerySet(QuerySet):
+    def for_tenant(self, tenant_id: str | None) -> OutboxEventQuerySet:
+        """Events of one tenant only (seed 003: every query is tenant-scoped)."""
+        return self.filter(tenant_id=tenant_id)
+
+    def sentinels(self) -> OutboxEventQuerySet:
+        """Rows recording an action that published nothing."""
+        return self.filter(event_type__isnull=True)
+
+    def undelivered(self) -> OutboxEventQuerySet:
+        """Events not fanned out yet (sentinels excluded)."""
+        return self.filter(delivered=False, event_type__isnull=False)
+
+
+class NotificationQuerySet(QuerySet):
+    # --- predicates -------------------------------------------------------------
+
+    def for_subscribers(self, names: Iterable[str]) -> NotificationQuerySet:
+        return self.filter(subscriber__in=list(names))
+
+    def due(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
+        """Rows a claim may take at ``now`` (default: the database's clock,
+        :func:`~outbox_app.store.clock.database_now`): PENDING or FAILED whose retry
+        time has come, and RUNNING rows whose lease ran out."""
+        return self.filter(
+            state__in=CLAIMABLE, next_retry_at__lte=now or database_now(self.db)
+        )
+
+    def scheduled(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
+        """Rows scheduled for later: PENDING, their event's ``deliver_at``
+        still ahead of ``now`` (default: the database's clock). Waiting on
+        purpose: not lag."""
+        return self.filter(_scheduled(now or database_now(self.db)))
+
+    def blocked_aggregates(self) -> int:
+        """How many (subscriber, aggregate) pairs are stuck: each has an
+        EXPIRED row, which holds back the pair's later rows until an operator
+        requeues or skips it. Each pair counts once, however many of its rows
+        are EXPIRED or wait behind them; rows without an aggregate hold
+        nothing back and are not counted.
+
+        An ordered subscriber's aggregates follow publish order
+        (``position``, a total order), so a pair stops for good only behind
+        an EXPIRED row: a FAILED head is retried, a RUNNING one's lease runs
+        out, a scheduled one comes due, an event waiting for fan-out is
+        fanned out. Meaningful on ordered subscribers' rows: call it on
+        ``for_subscribers(ordered_names)``.
+        """
+        return (
+            self.filter(state=State.EXPIRED, aggregate_id__isnull=False)
+            .order_by()
+            .values("subscriber", "aggregate_type", "aggregate_id")
+            .distinct()
+            .count()
+        )
+
+    # --- fan-out ---------------------------------------------------------------------
+
+    def create_for(
+        self, events: QuerySet, subscriber: str, now: datetime.datetime
+    ) -> int:
+        """Create a PENDING notification to ``subscriber``, due at ``now`` (a
+        scheduled event's at its ``deliver_at``), for each event of ``events``
+        that has none yet: one ``INSERT ... SELECT``.
+
+        The event's ``OutboxEvent.DELIVERY_FIELDS`` are copied (``id`` into
+        ``event_id``); every other column takes the model's default. Returns
+        rows created.
+        """
+        model = self.model
+        template = model(
+            subscriber=subscriber, next_retry_at=now, created_at=now, updated_at=now
+        )
+        copied = {
+            ("event_id" if name == "id" else name): name
+            for name in events.model.DELIVERY_FIELDS
+        }
+        columns = {
+            field.column: F(copied[field.attname])
+            if field.attname in copied
+            else Coalesce("deliver_at", Value(now, output_field=field))
+            if field.attname == "next_retry_at"
+            else Value(getattr(template, field.attname), output_field=field)
+            for field in model._meta.concrete_fields
+            if not field.primary_key  # numbered by the database
+        }
+        return insert_select(model, columns, events.using(self.db).order_by("id"))
+
+    # --- operators' transitions ---------------------------------------------------
+
+    def requeue(self, batch_size: int = 1000) -> int:
+        """FAILED/EXPIRED -> PENDING, due now (a scheduled event's row: at its
+        ``deliver_at`` while it is ahead), attempts reset to 0.
+
+        The last error, its type and traceback and ``first_failed_at`` are kept,
+        as history, until the next attempt overwrites or succeeds. Works in
+        batches of ``batch_size`` rows, so requeueing 100,000 rows never loads
+        them into memory nor holds one long lock. Returns rows requeued.
+        "Now" is the database's clock (:func:`~outbox_app.store.clock.database_now`),
+        as for every operator action here.
+        """
+        now = database_now(self.db)
+        return self._in_batches(
+            self.filter(state__in=REQUEUEABLE),
+            batch_size,
+            state=State.PENDING,
+            attempts=0,
+            next_retry_at=_due(now),
+            completed_at=None,
+            updated_at=now,
+        )
+
+    def retry_now(self, batch_size: int = 1000) -> int:
+        """Make FAILED rows due now, keeping their attempt count."""
+        now = database_now(self.db)
+        return self._in_batches(
+            self.filter(state__in=RETRYABLE),
+            batch_size,
+            next_retry_at=now,
+            updated_at=now,
+        )
+
+    def expire(self, batch_size: int = 1000) -> int:
+        """Stop retrying: PENDING/FAILED -> EXPIRED (RUNNING rows are left to
+        their worker)."""
+        now = database_now(self.db)
+        return self._in_batches(
+            self.filter(state__in=EXPIRABLE),
+            batch_size,
+            state=State.EXPIRED,
+            completed_at=now,
+            updated_at=now,
+        )
+
+    def skip(self, batch_size: int = 1000, states=SKIPPABLE) -> int:
+        """Give up delivering: FAILED/EXPIRED (or ``states``) -> SKIPPED,
+        finished, the error kept. An ordered subscriber's aggregate held back
+        by the row flows on."""
+        now = database_now(self.db)
+        return self._in_batches(
+            self.filter(state__in=states),
+            batch_size,
+            state=State.SKIPPED,
+            completed_at=now,
+            updated_at=now,
+        )
+
+    def replay(self, now: datetime.datetime | None = None) -> int:
+        """Deliver again: every row but RUNNING ones and scheduled ones not
+        due yet (PENDING: they are delivered when due) -> PENDING, due now,
+        attempts reset (the last error kept as history). Returns rows reset."""
+        now = now or database_now(self.db)
+        return self.exclude(Q(state=State.RUNNING) | _scheduled(now)).update(
+            state=State.PENDING,
+            attempts=0,
+            next_retry_at=_due(now),
+            completed_at=None,
+            locked_until=None,
+            lease_token=None,
+            locked_by="",
+            updated_at=now,
+        )
+
+    def _in_batches(self, queryset: QuerySet, batch_size: int, **fields) -> int:
+        total = 0
+        last_id = 0
+        base = queryset.order_by("id")
+        while True:
+            ids = list(
+                base.filter(id__gt=last_id).values_list("id", flat=True)[:batch_size]
+            )
+            if not ids:
+                return total
+            # Re-filtered, so a row that changed state meanwhile is left alone.
+            total += base.filter(id__in=ids).update(**fields)
+            last_id = ids[-1]
+
+
+class SubscriberPauseQuerySet(QuerySet):
+    def record(self, subscriber: str, pause, resumed_at) -> None:
+        """Write a relay's pause of ``subscriber`` (a
+        :class:`outbox_app.relay.sending.Pause`), ``resumed_at`` set when
+        a probe succeeded."""
+        self.update_or_create(
+            subscriber=subscriber,
+            defaults={
+                "paused_at": pause.since,
+                "resume_at": pause.resume_at,
+                "resumed_at": resumed_at,
+                "probes": pause.probes,
+                "reason": storable(pause.reason)[:2000],
+                "worker": worker_name(),
+                "updated_at": database_now(self.db),
+            },
+        )
+
+    def paused(self, now: datetime.datetime | None = None) -> SubscriberPauseQuerySet:
+        """Pauses still on: not resumed, and probed recently enough that a relay
+        is still at it (a relay that stopped while paused leaves its row)."""
+        from ..conf import outbox_settings
+
+        now = now or database_now(self.db)
+        stale = datetime.timedelta(seconds=2 * outbox_settings.PAUSE_MAX_SECONDS + 60)
+        return self.filter(resumed_at__isnull=True, resume_at__gte=now - stale)
+
+
+#: How often a relay refreshes ``last_seen_at`` on the subscriptions it has.
+HEARTBEAT_SECONDS = 60
+#: A subscription no relay has refreshed for this long has no relay serving it
+#: (the overview, ``outbox_status`` and ``outbox_subscribers`` say so, and
+#: ``--retire`` needs no ``--force``).
+SERVED_SECONDS = 5 * HEARTBEAT_SECONDS
+
+
+def served_since(
+    now: datetime.datetime | None = None, using: str | None = None
+) -> datetime.datetime:
+    """A subscription refreshed at or after this moment has a relay serving it
+    (``now`` default: the clock of database ``using``)."""
+    return (now or database_now(using)) - datetime.timedelta(seconds=SERVED_SECONDS)
+
+
+class SubscriptionQuerySet(QuerySet):
+    def active(self) -> SubscriptionQuerySet:
+        return self.filter(retired_at__isnull=True)
+
+    def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
+        """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
+        return self.active().filter(last_seen_at__gte=served_since(now, self.db))
+
+    def unserved(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
+        """Active rows no relay refreshed within :data:`SERVED_SECONDS`: their
+        notifications wait for a relay that has the subscriber."""
+        return self.active().filter(last_seen_at__lt=served_since(now, self.db))
+
+    def record(
+        self,
+        subscribers: Iterable,
+        worker: str,
+        now: datetime.datetime | None = None,
+        heartbeat: bool = True,
+    ) -> None:
+        """Record that a process has ``subscribers`` (:class:`~outbox_app.
+        subscribers.Subscriber` values): one row per subscriber and event type
+        (``*``: every type), inserted if missing (a retired row stays retired),
+        ``last_seen_at`` refreshed when older than :data:`HEARTBEAT_SECONDS`
+        (with ``heartbeat``); the rows of a subscriber's ``aliases`` (its
+        former names) are retired, so a renamed subscriber is not fanned out
+        to twice."""
+        reissued_on_deadlock(
+            self.db,
+            lambda: self._record(list(subscribers), worker, now, heartbeat),
+            "recording subscriptions",
+        )
+
+    def _record(self, subscribers, worker, now, heartbeat) -> None:
+        # Relays starting side by side insert the same rows: on MariaDB two
+        # INSERT IGNOREs of one key can deadlock (a shared lock on the
+        # duplicate, then each waits to insert), so the caller reissues.
+        from ..subscribers import WILDCARD
+
+        now = now or database_now(self.db)
+        rows = [
+            self.model(
+                subscriber=s.name,
+                event_type=t,
+                kind=s.kind,
+                ordered=s.ordered,
+                first_seen_at=now,
+                last_seen_at=now,
+                last_seen_by=worker[:255],
+            )
+            for s in subscribers
+            for t in sorted(s.event_types or (WILDCARD,))
+        ]
+        self._seen(rows, ["subscriber", "event_type"], worker, now, heartbeat)
+        aliases = {a: s.name for s in subscribers for a in s.aliases}
+        for alias, name in aliases.items():
+            self.active().filter(subscriber=alias).update(
+                retired_at=now, retired_by=f"renamed to {name}"[:255]
+            )
+
+    def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
+        """Insert the missing ``rows`` (a retired row stays retired); refresh
+        ``last_seen_at`` of those older than :data:`HEARTBEAT_SECONDS` (with
+        ``heartbeat``). ``key``: the fields of the unique constraint."""
+        if not rows:
+            return
+        self.bulk_create(rows, ignore_conflicts=True)
+        if heartbeat:
+            stale = now - datetime.timedelta(seconds=HEARTBEAT_SECONDS)
+            mine = Q()
+            for row in rows:
+                mine |= Q(**{name: getattr(row, name) for name in key})
+            self.filter(mine, last_seen_at__lt=stale).update(
+                last_seen_at=now, last_seen_by=worker[:255]
+            )
+
+    def retire(self, by: str, now: datetime.datetime | None = None) -> int:
+        """Retire these rows: fan-out creates no new notification for them.
+        Returns rows retired."""
+        return self.active().update(
+            retired_at=now or database_now(self.db), retired_by=by
+        )
+
+    def reactivate(self) -> int:
+        """Undo :meth:`retire`. Returns rows reactivated."""
+        return self.filter(retired_at__isnull=False).update(
+            retired_at=None, retired_by=""
+        )
+
+
+class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):
+    def record(
+        self,
+        consumers: Iterable,
+        worker: str,
+        now: datetime.datetime | None = None,
+        heartbeat: bool = True,
+    ) -> None:
+        """Record that a ``consume`` process has ``consumers``
+        (:class:`~outbox_app.inbox.Consumer` values): one row per consumer,
+        queue and event type (``*``: every type), inserted if missing (a
+        retired row stays retired), ``last_seen_at`` refreshed when older than
+        :data:`HEARTBEAT_SECONDS` (with ``heartbeat``)."""
+        from ..subscribers import WILDCARD
+
+        now = now or database_now(self.db)
+        rows = [
+            self.model(
+                consumer=c.name,
+                queue=storable(c.queue)[:255],
+                event_type=t,
+                ordered=c.ordered,
+                first_seen_at=now,
+                last_seen_at=now,
+                last_seen_by=worker[:255],
+            )
+            for c in consumers
+            for t in sorted(c.event_types or (WILDCARD,))
+        ]
+        reissued_on_deadlock(
+            self.db,
+            lambda: self._seen(
+                rows, ["consumer", "queue", "event_type"], worker, now, heartbeat
+            ),
+            "recording consumers",
+        )
+
+
+def _scheduled(now: datetime.datetime) -> Q:
+    return Q(state=State.PENDING, deliver_at__gt=now)
+
+
+def _due(now: datetime.datetime) -> Case:
+    """Due now, or at the event's ``deliver_at`` while it is ahead: an
+    operator's requeue or replay never delivers a scheduled event early."""
+    return Case(
+        When(deliver_at__gt=now, then=F("deliver_at")),
+        default=Value(now),
+        output_field=models.DateTimeField(),
+    )
+
+
+class InboxMessageQuerySet(QuerySet):
+    def requeue(self) -> int:
+        """FAILED/PARKED -> FAILED, due now, attempts reset to 0: ``manage.py
+        consume`` runs them again (the last error kept as history). Returns
+        rows requeued."""
+        now = database_now(self.db)
+        return self.filter(state__in=INBOX_REQUEUEABLE).update(
+            state=InboxState.FAILED, attempts=0, next_retry_at=now, updated_at=now
+        )
