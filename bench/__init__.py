@@ -12,12 +12,12 @@ from typing import Any
 
 
 def clear() -> None:
-    """Empty the outbox: notifications, events and the subscriptions relays
+    """Empty the outbox: deliveries, events and the subscriptions relays
     recorded (a benchmark's subscribers are its own; another run's would get
-    notifications too)."""
-    from outbox_app.models import Notification, OutboxEvent, Subscription
+    deliveries too)."""
+    from outbox_app.models import Delivery, OutboxEvent, Subscription
 
-    for model in (Notification, OutboxEvent, Subscription):
+    for model in (Delivery, OutboxEvent, Subscription):
         model.objects.all().delete()
 
 
@@ -58,9 +58,9 @@ def without_claim_ahead() -> Iterator[None]:
         ClaimAhead.submit = submit
 
 
-def context_for(event: Any, notification: Any = None, subscriber: str = "") -> Any:
+def context_for(event: Any, delivery: Any = None, subscriber: str = "") -> Any:
     """The ``DeliveryContext`` the relay builds for an ``OutboxEvent`` row and
-    its ``Notification`` row (without one: a first attempt for ``subscriber``):
+    its ``Delivery`` row (without one: a first attempt for ``subscriber``):
     what a publisher encodes and a handler receives, for the baselines that
     deliver rows without the relay."""
     from outbox_app.subscribers import DeliveryContext
@@ -78,9 +78,9 @@ def context_for(event: Any, notification: Any = None, subscriber: str = "") -> A
         tenant_id=event.tenant_id,
         action_id=event.action_id,
         occurred_at=event.occurred_at,
-        attempt=1 if notification is None else notification.attempts,
-        subscriber=subscriber if notification is None else notification.subscriber,
-        notification_id=0 if notification is None else notification.id,
+        attempt=1 if delivery is None else delivery.attempts,
+        subscriber=subscriber if delivery is None else delivery.subscriber,
+        delivery_id=0 if delivery is None else delivery.id,
     )
 
 
@@ -160,7 +160,7 @@ def vacuum() -> None:
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            for table in ("outbox_app_outboxevent", "outbox_app_notification"):
+            for table in ("outbox_app_outboxevent", "outbox_app_delivery"):
                 cursor.execute(f"VACUUM ANALYZE {table}")
 
 

@@ -2,7 +2,7 @@
 
 What a hand-written outbox worker with a no-op handler costs, in batches of
 :data:`BATCH` rows, on the database driver directly (no Django, no outbox_app
-code), over PENDING rows of ``outbox_app_notification`` stored under one
+code), over PENDING rows of ``outbox_app_delivery`` stored under one
 subscriber name. One transaction per batch, repeated until a claim comes back
 empty; each row's payload is decoded from JSON and passed to a no-op:
 
@@ -15,7 +15,7 @@ PostgreSQL (psycopg)
     outbox_app_outboxevent e ...``; the no-op per row; ``UPDATE ... SET state =
     'SUCCEEDED', completed_at = now() WHERE id = ANY(%s)``; ``COMMIT``.
 MariaDB / MySQL (MySQLdb, READ COMMITTED as Django sets it)
-    ``SELECT c.id, e.payload FROM outbox_app_notification c JOIN
+    ``SELECT c.id, e.payload FROM outbox_app_delivery c JOIN
     outbox_app_outboxevent e ON e.id = c.event_id WHERE <the same due
     condition> ORDER BY c.next_retry_at, c.id LIMIT 500 FOR UPDATE SKIP
     LOCKED``; ``UPDATE ... SET state = 'RUNNING', attempts = attempts + 1, ...
@@ -41,13 +41,13 @@ from typing import Any
 from outbox_app.store.lifecycle import CLAIMABLE
 
 BATCH = 500
-N, E = "outbox_app_notification", "outbox_app_outboxevent"
+N, E = "outbox_app_delivery", "outbox_app_outboxevent"
 DUE = "state IN ({})".format(", ".join(f"'{state.value}'" for state in CLAIMABLE))
 
 seen = 0
 
 
-def noop(notification_id: int, payload: Any) -> None:
+def noop(delivery_id: int, payload: Any) -> None:
     global seen
     seen += 1
 
@@ -92,8 +92,8 @@ def _postgresql(settings: Mapping[str, Any], subscriber: str) -> int:
         port=settings["PORT"] or None,
     ) as conn:
         while rows := conn.execute(claim, (subscriber, BATCH)).fetchall():
-            for notification_id, payload in rows:  # jsonb: decoded by psycopg
-                noop(notification_id, payload)
+            for delivery_id, payload in rows:  # jsonb: decoded by psycopg
+                noop(delivery_id, payload)
             conn.execute(finish, ([r[0] for r in rows],))
             conn.commit()
             done += len(rows)
@@ -136,8 +136,8 @@ def _mysql(settings: Mapping[str, Any], subscriber: str) -> int:
                 f"updated_at = UTC_TIMESTAMP(6) WHERE id IN ({marks})",
                 ids,
             )
-            for notification_id, payload in rows:
-                noop(notification_id, json.loads(payload))
+            for delivery_id, payload in rows:
+                noop(delivery_id, json.loads(payload))
             cursor.execute(
                 f"UPDATE {N} SET state = 'SUCCEEDED', "
                 "completed_at = UTC_TIMESTAMP(6), locked_until = NULL, "
@@ -185,8 +185,8 @@ def _sqlite(settings: Mapping[str, Any], subscriber: str) -> int:
                     events,
                 ).fetchall()
             )
-            for notification_id, event_id in rows:
-                noop(notification_id, json.loads(payloads[event_id]))
+            for delivery_id, event_id in rows:
+                noop(delivery_id, json.loads(payloads[event_id]))
             ids = [r[0] for r in rows]
             conn.execute(
                 f"UPDATE {N} SET state = 'SUCCEEDED', completed_at = ?, "

@@ -12,7 +12,7 @@ Per round, interleaved:
 * **raw pika**: the same with pika's asynchronous ``SelectConnection`` and
   ``confirm_delivery`` (the fastest client measured on this machine kind);
 * **outbox_app**: ``deliver()`` of a ``KombuPublisher`` over the same number of
-  fanned-out PENDING notifications: claim, read, encode, publish, wait for the
+  fanned-out PENDING deliveries: claim, read, encode, publish, wait for the
   confirms, mark SUCCEEDED, until none is due; the next batch is claimed on a
   second connection while this one is published;
 * **without claim-ahead**: the same, one batch at a time on one connection.
@@ -42,7 +42,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import clear, context_for, rabbit, summarize, vacuum, without_claim_ahead  # noqa: E402
-from outbox_app import Notification, publish  # noqa: E402
+from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
@@ -66,13 +66,13 @@ def prepare(events: int, publisher: KombuPublisher) -> list[rabbit.Message]:
     vacuum()
     fan_out(subscribers=[publisher], batch_size=1000)
     vacuum()
-    rows = Notification.objects.select_related("event").iterator(chunk_size=2000)
+    rows = Delivery.objects.select_related("event").iterator(chunk_size=2000)
     return [rabbit.encode(context_for(row.event, row)) for row in rows]
 
 
 def undeliver() -> None:
-    """Every notification PENDING again, as fan-out left it."""
-    Notification.objects.update(
+    """Every delivery PENDING again, as fan-out left it."""
+    Delivery.objects.update(
         state=State.PENDING,
         attempts=0,
         next_retry_at=timezone.now(),

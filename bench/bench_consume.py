@@ -76,7 +76,7 @@ def messages(count: int) -> list[rabbit.Message]:
                 occurred_at=now,
                 attempt=1,
                 subscriber="rabbitmq",
-                notification_id=n,
+                delivery_id=n,
             )
         )
         for n in range(count)

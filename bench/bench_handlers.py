@@ -17,7 +17,7 @@ Per round, on the same database, interleaved:
   UPDATE marks the group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
   connection (``bench.without_claim_ahead``);
-* **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
+* **one commit per delivery**: the same relay with ``GROUP_SECONDS = 0``,
   so every handler gets its own transaction and mark, as outbox_app did before
   group commits;
 * **one row per transaction**: the usual outbox loop, per row a transaction
@@ -54,7 +54,7 @@ from bench import (  # noqa: E402
     vacuum,
     without_claim_ahead,
 )
-from outbox_app import Notification, publish  # noqa: E402
+from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.events.codec import decode  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.relay import handlers as delivery_handlers  # noqa: E402
@@ -85,7 +85,7 @@ HANDLER = Handler(name="bench.noop", event_types=frozenset({"OrderPlaced"}), fn=
 
 
 def prepare(events: int) -> None:
-    """``events`` committed, undelivered OrderPlaced events, nothing else."""
+    """``events`` committed OrderPlaced events awaiting fan-out, nothing else."""
     clear()
     for start in range(0, events, 1000):
         with transaction.atomic():
@@ -112,7 +112,7 @@ def outbox(events: int, batch_size: int) -> tuple[float, float]:
     return events / elapsed, fanned_at - started
 
 
-def one_commit_per_notification(events: int, batch_size: int) -> float:
+def one_commit_per_delivery(events: int, batch_size: int) -> float:
     group, delivery_handlers.GROUP_SECONDS = delivery_handlers.GROUP_SECONDS, 0
     try:
         return outbox(events, batch_size)[0]
@@ -125,7 +125,7 @@ def one_row_per_transaction(events: int) -> float:
     prepare(events)
     fan_out(subscribers=[HANDLER], batch_size=1000)
     seen = 0
-    due = Notification.objects.filter(state=State.PENDING).order_by("id")
+    due = Delivery.objects.filter(state=State.PENDING).order_by("id")
     started = time.perf_counter()
     while True:
         with transaction.atomic():
@@ -134,7 +134,7 @@ def one_row_per_transaction(events: int) -> float:
                 break
             event = row.event
             noop(decode(event.event_type, event.revision, event.payload), row)
-            Notification.objects.filter(id=row.id).update(
+            Delivery.objects.filter(id=row.id).update(
                 state=State.SUCCEEDED, completed_at=timezone.now(), attempts=1
             )
     elapsed = time.perf_counter() - started
@@ -160,7 +160,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     rates: dict[str, list[float]] = {
         "one row per transaction": [],
-        "one commit per notification": [],
+        "one commit per delivery": [],
         "without claim-ahead": [],
         "outbox_app": [],
     }
@@ -169,8 +169,8 @@ def main() -> None:
         rates["one row per transaction"].append(
             one_row_per_transaction(args.baseline_events)
         )
-        rates["one commit per notification"].append(
-            one_commit_per_notification(args.baseline_events, args.batch_size)
+        rates["one commit per delivery"].append(
+            one_commit_per_delivery(args.baseline_events, args.batch_size)
         )
         with without_claim_ahead():
             rates["without claim-ahead"].append(outbox(args.events, args.batch_size)[0])

@@ -50,7 +50,7 @@ from bench.bench_users import (  # sets up Django with bench.settings
     relay_command,
     reset,
 )
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.store.lifecycle import State
 
 EVENT_TYPE = "bench.Blob"
@@ -100,7 +100,7 @@ def run_relay(expected: int, **env: str) -> tuple[float, float]:
     out, err = child.communicate()
     if child.returncode:
         raise SystemExit(f"relay failed ({child.returncode}):\n{err[-3000:]}")
-    done = Notification.objects.filter(state=State.SUCCEEDED).count()
+    done = Delivery.objects.filter(state=State.SUCCEEDED).count()
     assert done == expected, f"{done} of {expected} delivered:\n{out[-500:]}"
     return elapsed, peak / 1024
 
@@ -136,7 +136,7 @@ def claims(count: int, ordered: bool) -> list[float]:
         )
         times.append(time.perf_counter() - began)
         assert len(contexts) == outbox_settings.BATCH_SIZE, len(contexts)
-        gateway.release(token, [c.notification_id for c in contexts], timezone.now())
+        gateway.release(token, [c.delivery_id for c in contexts], timezone.now())
     return times
 
 

@@ -13,7 +13,7 @@ duplicate of an earlier run), file storage, one subject per event type:
   outstanding (the relay's window: two batches of 500), until every PubAck
   arrived;
 * **deliver()**: ``deliver()`` of a ``JetStreamPublisher`` in this process over
-  the same number of fanned-out PENDING notifications: claim, read, encode,
+  the same number of fanned-out PENDING deliveries: claim, read, encode,
   publish, collect the PubAcks, mark SUCCEEDED, until none is due;
 * **relay --once**: the real ``python -m django relay --once`` of a fresh
   project with default settings (``bench/settings.py``; the publisher from

@@ -8,7 +8,7 @@ Command (an ``outbox_plan`` database, migrated with ``bench/settings.py``)::
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_plan \\
         .venv/bin/python -m bench.bench_ordered_plan
 
-For each shape (``rows`` PENDING notifications of one ordered subscriber,
+For each shape (``rows`` PENDING deliveries of one ordered subscriber,
 ``per`` events per aggregate, so ``rows / per`` aggregate heads are
 claimable), the tables are refilled by set-based SQL and *not analyzed*
 (``pg_class.reltuples = -1``, no ``pg_statistic`` rows: a fresh table before
@@ -44,12 +44,12 @@ SUBSCRIBER = "bench.ordered"
 def fill(rows: int, per: int) -> None:
     aggregates = max(1, rows // per)
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE outbox_app_notification, outbox_app_outboxevent")
+        cursor.execute("TRUNCATE outbox_app_delivery, outbox_app_outboxevent")
         # TRUNCATE resets the row counts, not the column statistics: drop
         # those too (superuser), so "none" is a table never analyzed.
         cursor.execute(
             "DELETE FROM pg_statistic WHERE starelid IN "
-            "('outbox_app_notification'::regclass, 'outbox_app_outboxevent'::regclass)"
+            "('outbox_app_delivery'::regclass, 'outbox_app_outboxevent'::regclass)"
         )
         cursor.execute(
             "INSERT INTO outbox_app_outboxevent (id, namespace, event_type, "
@@ -63,7 +63,7 @@ def fill(rows: int, per: int) -> None:
             [aggregates, rows],
         )
         cursor.execute(
-            "INSERT INTO outbox_app_notification (event_id, subscriber, event_type, "
+            "INSERT INTO outbox_app_delivery (event_id, subscriber, event_type, "
             "aggregate_type, aggregate_id, aggregate_version, position, state, "
             "attempts, next_retry_at, locked_by, last_error, last_error_type, "
             "last_traceback, created_at, updated_at) "
@@ -114,7 +114,7 @@ def main() -> None:
         for stats in ("none", "analyzed"):
             if stats == "analyzed":
                 with connection.cursor() as cursor:
-                    cursor.execute("ANALYZE outbox_app_notification")
+                    cursor.execute("ANALYZE outbox_app_delivery")
                     cursor.execute("ANALYZE outbox_app_outboxevent")
             limit = args.limit
             timed(fenced, 1, limit), timed(unfenced, 1, limit)  # warm the cache
@@ -124,7 +124,7 @@ def main() -> None:
                 f"{rows:>8,} {per:>7,} {stats:>9} {a:>10.1f} {b:>12.1f} {b / a:>6.1f}x"
             )
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE outbox_app_notification, outbox_app_outboxevent")
+        cursor.execute("TRUNCATE outbox_app_delivery, outbox_app_outboxevent")
 
 
 if __name__ == "__main__":

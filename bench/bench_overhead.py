@@ -45,7 +45,7 @@ VARIANTS = ["order", "publish1", "raw1", "publish5", "raw5"]
 COLUMNS = [
     "id", "namespace", "event_type", "revision", "aggregate_type", "aggregate_id",
     "aggregate_version", "payload", "headers", "tenant_id", "occurred_at",
-    "created_at", "delivered",
+    "created_at", "fanned_out",
 ]  # fmt: skip
 
 

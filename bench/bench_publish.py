@@ -60,7 +60,7 @@ def contexts(count: int) -> list[DeliveryContext]:
             occurred_at=now,
             attempt=1,
             subscriber="bench",
-            notification_id=n,
+            delivery_id=n,
         )
         for n in range(count)
     ]

@@ -11,7 +11,7 @@ Commands (an ``outbox_purge`` database, migrated with ``bench/settings.py``)::
 1. **Fill**: the outbox tables are emptied (TRUNCATE), then ``--events``
    finished ``OrderPlaced`` events (fanned out, ``occurred_at``/``created_at``
    90 days ago, UUIDv7 ids of that time) and ``--subscribers`` (2) SUCCEEDED
-   notifications each (``completed_at`` 90 days ago) are written by set-based
+   deliveries each (``completed_at`` 90 days ago) are written by set-based
    SQL, ``--chunk`` events per statement: PostgreSQL ``INSERT ... SELECT`` over
    ``generate_series``, MariaDB over the Sequence engine's ``seq_1_to_N``. No
    row passes through Python. Then ``VACUUM ANALYZE`` / ``ANALYZE TABLE``.
@@ -27,7 +27,7 @@ Commands (an ``outbox_purge`` database, migrated with ``bench/settings.py``)::
    has begun deleting, the relay rounds run again *while it runs* (the fresh
    backlog published, then ``relay --once``): the ratio of their median to the
    median without purge is the figure (goal >= 0.8x). The purge then runs to
-   its end: rows deleted (events + notifications) per second of its wall time,
+   its end: rows deleted (events + deliveries) per second of its wall time,
    process start and its initial count included.
 4. **Lock waits**: every ``--sample`` seconds (0.02) during the purge a
    separate connection records every backend waiting on a lock (PostgreSQL:
@@ -73,7 +73,7 @@ from bench import publish_orders  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = connection.vendor
 EVENTS = "outbox_app_outboxevent"
-NOTIFICATIONS = "outbox_app_notification"
+DELIVERIES = "outbox_app_delivery"
 AGE = datetime.timedelta(days=90)
 RELAY_APP = "bench_purge_relay"
 PURGE_APP = "bench_purge_purge"
@@ -104,13 +104,13 @@ def execute(sql: str, params: tuple = ()) -> int:
 def empty_tables() -> None:
     if VENDOR == "postgresql":
         execute(
-            f"TRUNCATE {NOTIFICATIONS}, {EVENTS}, outbox_app_subscription, "
+            f"TRUNCATE {DELIVERIES}, {EVENTS}, outbox_app_subscription, "
             "outbox_app_subscriberpause"
         )
     else:
         execute("SET FOREIGN_KEY_CHECKS = 0")
         for table in (
-            NOTIFICATIONS,
+            DELIVERIES,
             EVENTS,
             "outbox_app_subscription",
             "outbox_app_subscriberpause",
@@ -120,7 +120,7 @@ def empty_tables() -> None:
 
 
 def analyze() -> None:
-    for table in (EVENTS, NOTIFICATIONS):
+    for table in (EVENTS, DELIVERIES):
         if VENDOR == "postgresql":
             execute(f"VACUUM ANALYZE {table}")
         else:
@@ -130,7 +130,7 @@ def analyze() -> None:
 
 
 def fill(events: int, subscribers: int, chunk: int) -> None:
-    """``events`` finished events and ``subscribers`` SUCCEEDED notifications
+    """``events`` finished events and ``subscribers`` SUCCEEDED deliveries
     each, 90 days old, by set-based INSERT ... SELECT."""
     base = timezone.now() - AGE
     base_ms = int(base.timestamp() * 1000)
@@ -179,8 +179,8 @@ def fill(events: int, subscribers: int, chunk: int) -> None:
         f"1, {payload}, {headers}, NULL, NULL, NULL, NULL, {at}, {at}, TRUE "
         f"FROM {series}"
     )
-    notification_sql = (
-        f"INSERT INTO {NOTIFICATIONS} (event_id, subscriber, event_type, "
+    delivery_sql = (
+        f"INSERT INTO {DELIVERIES} (event_id, subscriber, event_type, "
         "aggregate_type, aggregate_id, aggregate_version, tenant_id, state, "
         "attempts, next_retry_at, locked_until, locked_by, lease_token, "
         "last_error, last_error_type, last_traceback, first_failed_at, "
@@ -195,18 +195,18 @@ def fill(events: int, subscribers: int, chunk: int) -> None:
         stop = min(events, start + chunk - 1)
         if VENDOR == "postgresql":
             params: tuple = (start, stop)
-            where_event, where_notification = event_sql, notification_sql
+            where_event, where_delivery = event_sql, delivery_sql
         else:
             # seq_1_to_N with a WHERE: the Sequence engine reads only the range.
             params = (stop,)
             cond = f" WHERE {i} >= {start}"
             where_event = event_sql + cond
-            where_notification = notification_sql.replace(
+            where_delivery = delivery_sql.replace(
                 f" ORDER BY {i}", cond + f" ORDER BY {i}"
             )
         with transaction.atomic():
             execute(where_event, params)
-            execute(where_notification, params)
+            execute(where_delivery, params)
         elapsed = time.perf_counter() - began
         print(
             f"  filled {stop:,} events ({stop * (1 + subscribers):,} rows) "
@@ -222,9 +222,9 @@ def count_rows() -> tuple[int, int]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT COUNT(*) FROM {EVENTS}")
         (events,) = cursor.fetchone()
-        cursor.execute(f"SELECT COUNT(*) FROM {NOTIFICATIONS}")
-        (notifications,) = cursor.fetchone()
-    return events, notifications
+        cursor.execute(f"SELECT COUNT(*) FROM {DELIVERIES}")
+        (deliveries,) = cursor.fetchone()
+    return events, deliveries
 
 
 # --- 2. the relay ----------------------------------------------------------------
@@ -235,11 +235,11 @@ def fresh_backlog(count: int) -> None:
     fanned out)."""
     cutoff = timezone.now() - datetime.timedelta(days=1)
     with transaction.atomic():
-        execute(f"DELETE FROM {NOTIFICATIONS} WHERE subscriber = %s", ("bench.noop",))
+        execute(f"DELETE FROM {DELIVERIES} WHERE subscriber = %s", ("bench.noop",))
         execute(f"DELETE FROM {EVENTS} WHERE created_at >= %s", (cutoff,))
     publish_orders(count, "bench.FreshOrder")
     if VENDOR == "postgresql":
-        for table in (EVENTS, NOTIFICATIONS):
+        for table in (EVENTS, DELIVERIES):
             execute(f"ANALYZE {table}")
 
 
@@ -375,8 +375,8 @@ def main() -> None:
         took = time.perf_counter() - began
         rows = args.events * (1 + args.subscribers)
         print(f"fill: {rows:,} rows in {took:.0f} s ({rows / took:,.0f} rows/s)")
-    events, notifications = count_rows()
-    print(f"table: {events:,} events, {notifications:,} notifications", flush=True)
+    events, deliveries = count_rows()
+    print(f"table: {events:,} events, {deliveries:,} deliveries", flush=True)
 
     # 2. the relay without purge
     without = []
@@ -440,7 +440,7 @@ def main() -> None:
     if purge.returncode:
         raise SystemExit(f"outbox_purge failed ({purge.returncode}):\n{output}")
     summary = re.search(
-        r"Deleted (\d+) events, (\d+) notifications and (\d+) sentinel", output
+        r"Deleted (\d+) events, (\d+) deliveries and (\d+) sentinel", output
     )
     assert summary, output[-1000:]
     deleted = sum(int(n) for n in summary.groups())
@@ -453,7 +453,7 @@ def main() -> None:
     counted = [r for r, ok in zip(during, valid, strict=True) if ok]
     beside = statistics.median(counted) if counted else float("nan")
     print()
-    print(f"rows before the purge: {events:,} events + {notifications:,} notifications")
+    print(f"rows before the purge: {events:,} events + {deliveries:,} deliveries")
     print(
         f"outbox_purge: {summary[0]} in {seconds:.1f} s = {deleted / seconds:,.0f} "
         f"rows/s (its initial count: {started_deleting:.1f} s)"

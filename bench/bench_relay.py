@@ -33,7 +33,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import clear, context_for, lock_skipping_locked  # noqa: E402
-from outbox_app import Notification, publish  # noqa: E402
+from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
@@ -69,7 +69,7 @@ def batched(events: int, publisher: Publisher) -> float:
 
 def one_row_per_transaction(events: int, publisher: Publisher) -> float:
     prepare(events, publisher)
-    due = Notification.objects.filter(state=State.PENDING).order_by("id")
+    due = Delivery.objects.filter(state=State.PENDING).order_by("id")
     started = time.perf_counter()
     done = 0
     while True:
@@ -79,7 +79,7 @@ def one_row_per_transaction(events: int, publisher: Publisher) -> float:
                 break
             outcome = publisher.send_batch([context_for(row.event, row)])
             assert outcome == [None], outcome
-            Notification.objects.filter(id=row.id).update(
+            Delivery.objects.filter(id=row.id).update(
                 state=State.SUCCEEDED, completed_at=timezone.now(), attempts=1
             )
             done += 1

@@ -3,7 +3,7 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench1 \\
         .venv/bin/python -m bench.bench_scale [--small 10000] [--large 1000000]
 
-History (SUCCEEDED notifications and their delivered events) is generated in the
+History (SUCCEEDED deliveries and their delivered events) is generated in the
 database (``generate_series`` on PostgreSQL, the ``seq_1_to_N`` sequence table on
 MariaDB). 2,000 due PENDING rows of the benchmark subscriber sit on top. A claim
 is ``Gateway().claim([subscriber], limit=100, ...)``
@@ -32,7 +32,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from outbox_app import Notification, OutboxEvent  # noqa: E402
+from outbox_app import Delivery, OutboxEvent  # noqa: E402
 
 SUBSCRIBER = "bench1-scale"
 EVENT_TYPE = "bench1.Rss"
@@ -40,9 +40,9 @@ DUE = 2000
 
 
 def add_rows(count: int, marker: str, state: str | None) -> None:
-    """``count`` events (namespace ``marker``) and one notification each, in SQL;
-    with ``state=None``, undelivered ``bench1.Rss`` events and no notification."""
-    events, notifications = OutboxEvent._meta.db_table, Notification._meta.db_table
+    """``count`` events (namespace ``marker``) and one delivery each, in SQL;
+    with ``state=None``, ``bench1.Rss`` events awaiting fan-out and no delivery."""
+    events, deliveries = OutboxEvent._meta.db_table, Delivery._meta.db_table
     if connection.vendor == "postgresql":
         numbers, uuid, now = (
             f"generate_series(1, {count}) AS s(n)",
@@ -69,7 +69,7 @@ def add_rows(count: int, marker: str, state: str | None) -> None:
         cursor.execute(
             "SELECT 1"
             if state is None
-            else f"INSERT INTO {notifications} (event_id, subscriber, event_type,"
+            else f"INSERT INTO {deliveries} (event_id, subscriber, event_type,"
             " aggregate_type, aggregate_id, state, attempts, next_retry_at, locked_by,"
             " last_error, last_error_type, last_traceback, completed_at, created_at,"
             " updated_at)"
@@ -80,7 +80,7 @@ def add_rows(count: int, marker: str, state: str | None) -> None:
         )
         analyze = "ANALYZE" if connection.vendor == "postgresql" else "ANALYZE TABLE"
         cursor.execute(f"{analyze} {events}")
-        cursor.execute(f"{analyze} {notifications}")
+        cursor.execute(f"{analyze} {deliveries}")
 
 
 def claims(ordered: bool, passes: int) -> list[float]:
@@ -104,7 +104,7 @@ def claims(ordered: bool, passes: int) -> list[float]:
             )
             times.append(time.perf_counter() - began)
             assert len(claimed) == 100, len(claimed)
-        Notification.objects.filter(subscriber=SUBSCRIBER, state="RUNNING").update(
+        Delivery.objects.filter(subscriber=SUBSCRIBER, state="RUNNING").update(
             state="PENDING",
             lease_token=None,
             locked_until=None,
@@ -148,7 +148,7 @@ def rss(counts: list[int]) -> dict[int, float]:
 
     peaks = {}
     for count in counts:
-        Notification.objects.all().delete()
+        Delivery.objects.all().delete()
         OutboxEvent.objects.all().delete()
         add_rows(count, f"bench1-rss{count}", None)
         began = time.perf_counter()
@@ -190,7 +190,7 @@ def main() -> None:
             {"peak RSS": list(peaks.values())},
         )
         return
-    Notification.objects.all().delete()
+    Delivery.objects.all().delete()
     OutboxEvent.objects.all().delete()
     add_rows(DUE, "bench1-due", "PENDING")
     add_rows(args.small, "bench1-hist0", "SUCCEEDED")

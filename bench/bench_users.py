@@ -52,7 +52,7 @@ before each run and holds exactly ``--events`` messages after it. Goal: relay
 --once`` with one no-op in-process handler (``BENCH_NOOP_HANDLER=1``),
 deliveries/s from spawn to exit. Baseline: a bare loop on the database driver
 (``bench/bare.py``: psycopg, MySQLdb or sqlite3, no Django) over its own copy
-of ``--events`` PENDING notification rows of the same events (stored under
+of ``--events`` PENDING delivery rows of the same events (stored under
 subscriber ``bench.baseline``): per transaction claim 500 due rows with
 ``FOR UPDATE SKIP LOCKED`` (PostgreSQL: one ``UPDATE ... RETURNING`` in a CTE
 joined to the events' payload; MariaDB: ``SELECT ... FOR UPDATE SKIP LOCKED``
@@ -71,7 +71,7 @@ a handler (``BENCH_LATENCY_FILE``); *confirm*: a ``KombuPublisher`` subclass
 (``bench.benchapp.publishers.ConfirmTimes``) records the time its ``collect()``
 returns the broker's confirms. Baseline (PostgreSQL only): the floor of the
 wake-up, commit -> a bare psycopg process blocked in LISTEN on the relays'
-channel receives the notification. Prints p50/p90/p99/max in ms; goals:
+channel receives the delivery. Prints p50/p90/p99/max in ms; goals:
 handler p50 <= 5 ms and p99 <= 25 ms, confirm p50 <= 8 ms.
 
 **d) publish() overhead** is ``bench/bench_overhead.py`` (publish() of 1 and 5
@@ -135,7 +135,7 @@ from bench import (  # noqa: E402
     vacuum,
 )
 from bench.benchapp.events import OrderPlaced  # noqa: E402
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app import Delivery, OutboxEvent, publish  # noqa: E402
 from outbox_app.models import SubscriberPause, Subscription  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
 
@@ -185,7 +185,7 @@ def publishers(url: str = rabbit.URL, backend: str | None = None) -> str:
 
 def relay_once(expected: int, *args: str, **env: str) -> float:
     """Run ``relay --once ARGS`` to its exit; seconds from spawn to exit.
-    Checks that it delivered ``expected`` notifications."""
+    Checks that it delivered ``expected`` deliveries."""
     began = time.perf_counter()
     done = subprocess.run(
         relay_command("--once", *args),
@@ -215,7 +215,7 @@ def start_up(**env: str) -> float:
 def reset() -> None:
     """Empty the outbox tables (and the recorded pauses and subscriptions)."""
     with connection.cursor() as cursor:
-        for model in (Notification, OutboxEvent, SubscriberPause, Subscription):
+        for model in (Delivery, OutboxEvent, SubscriberPause, Subscription):
             cursor.execute(f"DELETE FROM {model._meta.db_table}")
     vacuum()
 
@@ -241,11 +241,11 @@ def publish_one(order_id: int) -> tuple[str, float]:
 
 
 def copy_as_pending(subscriber: str) -> None:
-    """A PENDING notification of ``subscriber`` for every event, due now."""
+    """A PENDING delivery of ``subscriber`` for every event, due now."""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO outbox_app_notification (event_id, subscriber, event_type, "
+            "INSERT INTO outbox_app_delivery (event_id, subscriber, event_type, "
             "aggregate_type, aggregate_id, aggregate_version, tenant_id, state, "
             "attempts, next_retry_at, locked_by, last_error, last_error_type, "
             "last_traceback, created_at, updated_at) "
@@ -386,7 +386,7 @@ def scheduled(args: argparse.Namespace) -> None:
             publish_orders(args.events, "bench.Order")
             vacuum()
             rates[name].append(args.events / relay_once(args.events, **noop))
-        waiting = Notification.objects.filter(state=State.PENDING).count()
+        waiting = Delivery.objects.filter(state=State.PENDING).count()
         assert waiting == args.scheduled, waiting
         print_round(round_, rates)
     medians = {k: statistics.median(v) for k, v in rates.items()}
@@ -412,7 +412,7 @@ def scheduled(args: argparse.Namespace) -> None:
 
 def listen(path: str) -> None:
     """The wake-up floor: a bare psycopg process blocked in LISTEN on the
-    relays' channel; appends ``time.time()`` per notification to ``path``."""
+    relays' channel; appends ``time.time()`` per delivery to ``path``."""
     import psycopg
 
     from outbox_app.relay.wake import CHANNEL
@@ -467,7 +467,7 @@ def marks(path: str, log: Path, offset: int, committed: list) -> dict[str, float
     """Event id -> the time ``path``'s child marked it, for the ``committed``
     events (the first mark: delivery is at least once)."""
     lines = received(log)[offset:]
-    if path == FLOOR:  # one notification per commit, in commit order
+    if path == FLOOR:  # one delivery per commit, in commit order
         return {e: at for (e, _), (_, at) in zip(committed, lines, strict=False)}
     at: dict[str, float] = {}
     for event_id, t in lines:
@@ -638,7 +638,7 @@ def outage(args: argparse.Namespace) -> None:
     samples: list[tuple[float, int, int, int]] = []  # time, waiting, expired, retried
 
     def sampler() -> None:
-        rows = Notification.objects.filter(subscriber=PUBLISHER)
+        rows = Delivery.objects.filter(subscriber=PUBLISHER)
         while not stop.is_set():
             done = rows.filter(state=State.SUCCEEDED).count()
             expired = rows.filter(state=State.EXPIRED).count()
@@ -691,7 +691,7 @@ def outage(args: argparse.Namespace) -> None:
         )
         print(f"plot: {path}")
     during = sum(1 for _, t in committed if cut_at <= t <= restored_at)
-    rows = Notification.objects.filter(subscriber=PUBLISHER)
+    rows = Delivery.objects.filter(subscriber=PUBLISHER)
     expired = rows.filter(state=State.EXPIRED).count()
     attempts = sorted(rows.values_list("attempts", flat=True))
     queued = rabbit.count(QUEUE)
@@ -723,7 +723,7 @@ def outage(args: argparse.Namespace) -> None:
 def wait_delivered(event_ids: list[str], timeout: float) -> float:
     """Wait until every event of ``event_ids`` is SUCCEEDED; returns when."""
     deadline = time.monotonic() + timeout
-    rows = Notification.objects.filter(event_id__in=event_ids, state=State.SUCCEEDED)
+    rows = Delivery.objects.filter(event_id__in=event_ids, state=State.SUCCEEDED)
     while rows.count() < len(event_ids):
         if time.monotonic() > deadline:
             raise SystemExit(f"not delivered within {timeout:.0f} s")

@@ -28,7 +28,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from outbox_app import Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app import Delivery, OutboxEvent, publish  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--per-commit", type=int, default=1)
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
-    Notification.objects.all().delete()
+    Delivery.objects.all().delete()
     OutboxEvent.objects.all().delete()
     steps: dict[str, list[float]] = {
         "fan_out()": [],

@@ -27,7 +27,7 @@ whether it committed.
 Subscribers of every event (``bench/soakapp/handlers.py``): the RabbitMQ
 publisher ``soak.broker`` (exchange and queue ``soak.events`` in the vhost
 of ``--broker-url``), and three database-only handlers writing an ``Effect``
-row in the transaction that marks their notification: ``soak.effect``,
+row in the transaction that marks their delivery: ``soak.effect``,
 ``soak.flaky`` (fails ``--failure-rate`` of its attempts, retried) and
 ``soak.ordered`` (``ordered=True``, fails half as often; it records the
 highest position of its aggregate it saw committed). Each sleeps
@@ -69,7 +69,7 @@ database server, e.g. ``pg_ctlcluster 15 soak restart``) once, at
 ``--restart-db-at`` (a fraction of ``--seconds``, 0.5).
 
 **Checks**, once the writers stopped, the relays drained (every event fanned
-out and every notification SUCCEEDED; the soak gives up when the backlog has
+out and every delivery SUCCEEDED; the soak gives up when the backlog has
 not shrunk for ``--drain-timeout`` seconds) and were stopped with SIGTERM,
 and the queue was consumed:
 
@@ -84,8 +84,8 @@ and the queue was consumed:
   after a later one;
 - every committed event at the broker at least once: missing (must be 0);
   duplicates counted and reported (at least once allows them);
-- nothing unfinished: events not fanned out, notifications not SUCCEEDED,
-  notifications missing (must be 0); EXPIRED rows are reported apart;
+- nothing unfinished: events not fanned out, deliveries not SUCCEEDED,
+  deliveries missing (must be 0); EXPIRED rows are reported apart;
 - nothing from a rolled-back transaction (or savepoint, or a transaction a
   fault aborted) in the outbox, the effects or the queue (must be 0), and
   each committed event has its ``Deposit`` row and no other (must be 0).
@@ -446,7 +446,7 @@ from django.db.models import Count  # noqa: E402
 
 from bench.soakapp.events import Deposited  # noqa: E402
 from bench.soakapp.models import Deposit, Effect, Sent  # noqa: E402
-from outbox_app import InboxMessage, Notification, OutboxEvent, publish  # noqa: E402
+from outbox_app import Delivery, InboxMessage, OutboxEvent, publish  # noqa: E402
 from outbox_app.conf import outbox_settings  # noqa: E402
 from outbox_app.exceptions import DuplicateAggregateVersion  # noqa: E402
 from outbox_app.models import SubscriberPause  # noqa: E402
@@ -464,7 +464,7 @@ def reset() -> None:
     tables = [
         m._meta.db_table
         for m in (
-            Notification,
+            Delivery,
             OutboxEvent,
             SubscriberPause,
             InboxMessage,
@@ -507,7 +507,7 @@ class Autovacuum:
         self.next = time.monotonic() + VACUUM_EVERY
         try:
             with connection.cursor() as cursor:
-                for model in (Notification, OutboxEvent, Deposit, Effect):
+                for model in (Delivery, OutboxEvent, Deposit, Effect):
                     cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
             self.runs += 1
         except DatabaseError:
@@ -1102,16 +1102,16 @@ class Writer(threading.Thread):
 
 
 def backlog() -> tuple[int, int, int, int]:
-    """(events not fanned out, notifications not SUCCEEDED, of which EXPIRED,
-    notifications); the events the consumer has not handled yet count as
+    """(events not fanned out, deliveries not SUCCEEDED, of which EXPIRED,
+    deliveries); the events the consumer has not handled yet count as
     waiting."""
     events = OutboxEvent.objects.filter(event_type__isnull=False).count()
     handled = InboxMessage.objects.filter(
         consumer=CONSUMER, state=InboxState.HANDLED
     ).count()
-    waiting = OutboxEvent.objects.undelivered().count() + max(0, events - handled)
+    waiting = OutboxEvent.objects.awaiting_fanout().count() + max(0, events - handled)
     states = dict(
-        Notification.objects.values_list("state").annotate(n=Count("id")).order_by()
+        Delivery.objects.values_list("state").annotate(n=Count("id")).order_by()
     )
     total = sum(states.values())
     return (
@@ -1248,16 +1248,16 @@ def progress(began: float, ledger: Ledger, chaos: Chaos) -> None:
         f"  +{time.monotonic() - began:5.0f}s committed {len(ledger.committed):,}, "
         f"rolled back {len(ledger.rolled_back) + len(ledger.savepoint):,}, "
         f"faults {sum(chaos.injected.values())}, waiting for fan-out {waiting:,}, "
-        f"unfinished notifications {unfinished:,}",
+        f"unfinished deliveries {unfinished:,}",
         flush=True,
     )
 
 
 def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
-    """Wait until every event is fanned out and every notification finished
+    """Wait until every event is fanned out and every delivery finished
     (or only EXPIRED ones are left). Gives up when the backlog has not shrunk
     for ``--drain-timeout`` seconds. Returns (drained, the backlog when it
-    began: notifications unfinished plus events waiting for fan-out)."""
+    began: deliveries unfinished plus events waiting for fan-out)."""
     timeout = ARGS.drain_timeout or 120 + 2 * LEASE
     state = None
     while state is None:
@@ -1280,7 +1280,7 @@ def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
             if time.monotonic() >= next_report:
                 print(
                     f"  +{time.monotonic() - began:5.0f}s draining: waiting for "
-                    f"fan-out {waiting:,}, unfinished notifications {unfinished:,}",
+                    f"fan-out {waiting:,}, unfinished deliveries {unfinished:,}",
                     flush=True,
                 )
                 next_report += 10
@@ -1293,7 +1293,7 @@ def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
 def diagnose(chaos: Chaos) -> None:
     """Evidence of a soak that did not drain, in the log directory: each
     relay's thread stacks (in its log), the database sessions and the
-    unfinished notifications (``database.txt``)."""
+    unfinished deliveries (``database.txt``)."""
     for relay in chaos.relays:
         if relay.running():
             relay.dump_stacks()
@@ -1316,7 +1316,7 @@ def diagnose(chaos: Chaos) -> None:
     }[connection.vendor]
     queries.append(
         "SELECT subscriber, state, count(*), min(next_retry_at), max(attempts), "
-        "min(locked_by), max(locked_by) FROM outbox_app_notification "
+        "min(locked_by), max(locked_by) FROM outbox_app_delivery "
         "WHERE state <> 'SUCCEEDED' GROUP BY subscriber, state"
     )
     with open(chaos.log_dir / "database.txt", "w") as out:
@@ -1379,22 +1379,22 @@ def check(ledger, chaos, relays, seen, timing) -> int:
             "handler", "event_id", "aggregate", "position", "previous"
         )
     )
-    notifications = collections.Counter(
-        Notification.objects.values_list("state", flat=True).iterator(chunk_size=5000)
+    deliveries = collections.Counter(
+        Delivery.objects.values_list("state", flat=True).iterator(chunk_size=5000)
     )
-    retried = Notification.objects.filter(attempts__gt=1).count()
+    retried = Delivery.objects.filter(attempts__gt=1).count()
     lags = collections.defaultdict(list)  # publish() -> SUCCEEDED, seconds
     for subscriber, done, occurred in (
-        Notification.objects.filter(state=State.SUCCEEDED)
+        Delivery.objects.filter(state=State.SUCCEEDED)
         .values_list("subscriber", "completed_at", "event__occurred_at")
         .iterator(chunk_size=5000)
     ):
         lags[subscriber].append((done - occurred).total_seconds())
-    undelivered = OutboxEvent.objects.undelivered().count()
+    awaiting = OutboxEvent.objects.awaiting_fanout().count()
     unfinished = (
-        undelivered
-        + sum(n for s, n in notifications.items() if s != State.SUCCEEDED)
-        + max(0, len(committed) * len(SUBSCRIBERS) - sum(notifications.values()))
+        awaiting
+        + sum(n for s, n in deliveries.items() if s != State.SUCCEEDED)
+        + max(0, len(committed) * len(SUBSCRIBERS) - sum(deliveries.values()))
     )
 
     never = ledger.rolled_back | ledger.savepoint | ledger.aborted
@@ -1472,10 +1472,10 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         f"{logs['publisher pauses']}",
     )
     show(
-        "notifications",
-        f"{sum(notifications.values()):,} ({len(SUBSCRIBERS)} subscribers): "
-        f"SUCCEEDED {notifications.get(State.SUCCEEDED, 0):,}, retried "
-        f"{retried:,}, EXPIRED {notifications.get(State.EXPIRED, 0):,}",
+        "deliveries",
+        f"{sum(deliveries.values()):,} ({len(SUBSCRIBERS)} subscribers): "
+        f"SUCCEEDED {deliveries.get(State.SUCCEEDED, 0):,}, retried "
+        f"{retried:,}, EXPIRED {deliveries.get(State.EXPIRED, 0):,}",
     )
     for subscriber in SUBSCRIBERS:
         values = sorted(lags.get(subscriber) or [0.0])

@@ -48,12 +48,13 @@ if TYPE_CHECKING:
     from .publishing.outbox import acting, events_committed, outbox_action, publish
     from .publishing.tracking import track, untracked
     from .relay.registry import handler
-    from .store.models import InboxMessage, Notification, OutboxEvent
+    from .store.models import Delivery, InboxMessage, OutboxEvent
     from .subscribers import DeliveryContext
 
 __all__ = [
     "AggregateVersionConflict",
     "ConsumeContext",
+    "Delivery",
     "DeliveryContext",
     "DeliveryError",
     "DuplicateAggregateVersion",
@@ -71,7 +72,6 @@ __all__ = [
     "LeaseLost",
     "MessageRejected",
     "MessageUnroutable",
-    "Notification",
     "OutboxError",
     "OutboxEvent",
     "OutboxRequiresActiveTransaction",
@@ -106,7 +106,7 @@ _LAZY = {
     "translator": "publishing.aggregates",
     "untracked": "publishing.tracking",
     "OutboxEvent": "models",
-    "Notification": "models",
+    "Delivery": "models",
     "handler": "relay.registry",
     "consumer": "inbox.registry",
     "ConsumeContext": "inbox.receive",

@@ -36,16 +36,14 @@ DEFAULTS: dict[str, Setting] = {
     "MAX_PAYLOAD_BYTES": Setting(
         1024 * 1024, "Largest encoded payload publish() accepts, in bytes."
     ),
-    "MAX_ATTEMPTS": Setting(
-        10, "Delivery attempts per notification before it is EXPIRED."
-    ),
+    "MAX_ATTEMPTS": Setting(10, "Delivery attempts per delivery before it is EXPIRED."),
     "RETRY_BASE_SECONDS": Setting(
         1.0, "First backoff ceiling in seconds; doubles with each attempt."
     ),
     "RETRY_MAX_SECONDS": Setting(600.0, "Largest backoff ceiling, in seconds."),
     "LEASE_SECONDS": Setting(
         60.0,
-        "How long a claimed notification stays leased to one worker, in seconds.",
+        "How long a claimed delivery stays leased to one worker, in seconds.",
     ),
     "BATCH_SIZE": Setting(
         500,
@@ -81,7 +79,7 @@ DEFAULTS: dict[str, Setting] = {
         "None: an app configured from Django's CELERY_* settings.",
     ),
     "TRACEBACK_MAX_CHARS": Setting(
-        8000, "Longest traceback kept on a failed notification, in characters."
+        8000, "Longest traceback kept on a failed delivery, in characters."
     ),
     "METRICS_TOKEN": Setting(
         None,

@@ -107,7 +107,7 @@ class EventDecodeError(OutboxError):
 
     The type is unknown, a revision has no upcaster, or the payload no longer
     fits the class (a renamed or missing field). The relay records it as the
-    notification's failure; other notifications are not affected.
+    delivery's failure; other deliveries are not affected.
     """
 
 
@@ -115,7 +115,7 @@ class EventDecodeError(OutboxError):
 
 
 class LeaseLost(OutboxError):
-    """A worker's lease on a notification expired and another worker claimed it.
+    """A worker's lease on a delivery expired and another worker claimed it.
 
     The worker's outcome is discarded (and, for a handler, its database writes
     are rolled back); the new lease holder owns the row.
@@ -131,7 +131,7 @@ class DeliveryError(OutboxError):
     """A publisher could not deliver an event: the broker refused it, did not
     confirm it in time, returned it as unroutable, or the connection dropped.
 
-    The message is the reason recorded on the notification.
+    The message is the reason recorded on the delivery.
     """
 
 
@@ -164,7 +164,7 @@ class UndeliverableMessage(DeliveryError):
     the routing-key template needs is missing), or it is larger than the
     broker takes (RabbitMQ's ``max_message_size``, NATS's ``max_payload``).
 
-    Retrying cannot help, so the notification expires at once with the
+    Retrying cannot help, so the delivery expires at once with the
     reason (an operator fixes the cause, then requeues it); the rest of its
     batch is delivered and the publisher is not paused.
     """
@@ -177,7 +177,7 @@ class MessageUnroutable(DeliveryError):
     ``STREAM`` exists, or another stream captures it (NATS; the message names
     the stream and the subject).
 
-    An attempt: the notification is FAILED and retried with backoff (a queue
+    An attempt: the delivery is FAILED and retried with backoff (a queue
     bound meanwhile gets it), EXPIRED after ``OUTBOX_MAX_ATTEMPTS``. Its type,
     ``outbox_app.exceptions.MessageUnroutable``, is what ``outbox_requeue
     --error-type`` and the admin's "last error type" filter select.
@@ -195,7 +195,7 @@ class MessageRejected(DeliveryError):
 
 class EventExpired(DeliveryError):
     """The event's ``expires_at`` passed before this delivery was made: the
-    notification is SKIPPED with this error type, never delivered. Not
+    delivery is SKIPPED with this error type, never delivered. Not
     raised: it names the reason on the row (admin, ``--error-type``)."""
 
 

@@ -3,6 +3,7 @@
 
 from .store.models import (
     ConsumerSubscription,
+    Delivery,
     InboxMessage,
     Notification,
     OutboxEvent,
@@ -13,6 +14,7 @@ from .store.models import (
 
 __all__ = [
     "ConsumerSubscription",
+    "Delivery",
     "InboxMessage",
     "Notification",
     "OutboxEvent",

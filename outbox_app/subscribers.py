@@ -46,7 +46,7 @@ class DeliveryContext:
         occurred_at: when the event was published (aware datetime).
         attempt: this delivery attempt, 1 for the first.
         subscriber: the receiving subscriber's name.
-        notification_id: the notification row being delivered.
+        delivery_id: the delivery row being delivered.
         deliver_at: when the event was scheduled for (``publish(deliver_at=
             ...)``); None: at once.
         operation: what happened to the aggregate (``publish(operation=...)``;
@@ -72,7 +72,7 @@ class DeliveryContext:
     occurred_at: datetime.datetime
     attempt: int
     subscriber: str
-    notification_id: int
+    delivery_id: int
     deliver_at: datetime.datetime | None = None
     expires_at: datetime.datetime | None = None
     operation: str | None = None
@@ -84,7 +84,7 @@ class Subscriber:
     """Anything that receives events: common delivery options.
 
     Attributes:
-        name: stable key stored on notifications.
+        name: stable key stored on deliveries.
         event_types: the types received; ``None`` means every type.
         ordered: deliver each aggregate's events strictly in publish order.
         max_attempts: attempts before EXPIRED; ``None`` uses OUTBOX_MAX_ATTEMPTS.
@@ -101,7 +101,7 @@ class Subscriber:
 
     @property
     def stored_names(self) -> tuple[str, ...]:
-        """Names its notification rows may carry: its own and its aliases."""
+        """Names its delivery rows may carry: its own and its aliases."""
         return (self.name, *self.aliases)
 
     def receives(self, event_type: str) -> bool:
@@ -120,7 +120,7 @@ class Handler(Subscriber):
         fn: the callable. It receives the rebuilt event (an ``Event`` instance, or
             the payload dict for a type with no class) and a DeliveryContext.
         retry_on: exceptions that fail the attempt and are retried.
-        give_up_on: exceptions that expire the notification at once.
+        give_up_on: exceptions that expire the delivery at once.
         timeout: seconds an attempt may run before HandlerTimeout interrupts it
             (main thread only, via SIGALRM); ``None`` for no limit.
     """

@@ -85,7 +85,7 @@ def relay_events(
     max_seconds: float = 10.0,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """Fan out, then deliver due notifications to the broker publishers. A run
+    """Fan out, then deliver due deliveries to the broker publishers. A run
     that ends out of time with work left enqueues the next one at once.
 
     Args:
@@ -107,7 +107,7 @@ def run_handlers(
     max_seconds: float = 10.0,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """Fan out, then run due notifications of the in-process handlers (in the
+    """Fan out, then run due deliveries of the in-process handlers (in the
     Celery worker's process). Same arguments and result as :func:`relay_events`."""
     return _relay(self, "handler", using, max_seconds, batch_size)
 

@@ -29,7 +29,7 @@ django.setup()
 from django.db import close_old_connections  # noqa: E402
 from django.db.backends.signals import connection_created  # noqa: E402
 
-from outbox_app import Notification, OutboxEvent  # noqa: E402
+from outbox_app import Delivery, OutboxEvent  # noqa: E402
 from outbox_app.relay import relay_once  # noqa: E402
 from outbox_app.relay.worker import single_relay_guard  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
@@ -57,8 +57,8 @@ def main() -> int:
             if report.claimed or report.fanned_out:
                 continue
             if args.until_done and not (
-                OutboxEvent.objects.undelivered().exists()
-                or Notification.objects.exclude(state=State.SUCCEEDED).exists()
+                OutboxEvent.objects.awaiting_fanout().exists()
+                or Delivery.objects.exclude(state=State.SUCCEEDED).exists()
             ):
                 return 0
             time.sleep(0.02)

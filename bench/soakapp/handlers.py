@@ -1,14 +1,14 @@
 """Found by outbox_app's autodiscovery of each installed app's ``handlers``.
 
 Three database-only handlers of ``Deposited``, each writing one ``Effect`` row
-in the transaction that marks its notification SUCCEEDED, then sleeping a
+in the transaction that marks its delivery SUCCEEDED, then sleeping a
 random time from 0 to twice ``$SOAK_HANDLER_SECONDS`` (default 0.002 s) with
 that transaction open:
 
 - ``soak.effect``: writes its row.
 - ``soak.flaky``: writes its row, then raises ``ConnectionError`` with the
   probability ``$SOAK_FAILURE_RATE`` (default 0.05), which rolls the row back
-  and retries the notification with backoff.
+  and retries the delivery with backoff.
 - ``soak.ordered`` (``ordered=True``): reads the highest position of its
   aggregate's effects committed so far, writes its row with it
   (``previous``), then fails like ``soak.flaky`` at half the rate (a failing

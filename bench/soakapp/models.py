@@ -12,7 +12,7 @@ class Deposit(models.Model):
 
 class Effect(models.Model):
     """A handler's database write, in the transaction that marks its
-    notification SUCCEEDED. Deliberately no unique constraint: a second
+    delivery SUCCEEDED. Deliberately no unique constraint: a second
     delivery would add a second row, which the soak counts."""
 
     handler = models.CharField(max_length=100)

@@ -1,18 +1,18 @@
 """The Django admin of the outbox: inspect events and deliveries, requeue them.
 
-Outbox events and notifications are read-only here: rows change state only
+Outbox events and deliveries are read-only here: rows change state only
 through the actions below, which call ``outbox_app.ops.operations`` and the
 querysets' transitions, and rows are deleted only by ``outbox_purge``. Every
-action needs the ``outbox_app.requeue_notification`` permission, reports with
+action needs the ``outbox_app.requeue_delivery`` permission, reports with
 ``message_user`` and leaves a ``LogEntry`` in the admin log.
 
 One module per page: ``base`` (the read-only base, the requeue permission,
-the admin log, how values are shown), ``notifications`` (the list, a
-notification's page with its transitions, the "requeue everything matching"
+the admin log, how values are shown), ``deliveries`` (the list, a
+delivery's page with its transitions, the "requeue everything matching"
 page), ``events``, ``subscriptions``, ``inbox`` (the consumers' received
 messages, requeue), and ``overview`` (the overview page and
 its JSON, served by their own admin).
 """
 
 # Importing the modules registers their admins.
-from . import events, inbox, notifications, overview, subscriptions  # noqa: F401
+from . import deliveries, events, inbox, overview, subscriptions  # noqa: F401

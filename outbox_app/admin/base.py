@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from ..store.lifecycle import State
-from ..store.models import Notification
+from ..store.models import Delivery
 
 #: An action logs one LogEntry per row up to this many selected rows; beyond
 #: (or with "select all"), one LogEntry for the whole operation.
@@ -105,8 +105,8 @@ class OutboxAdminBase(ReadOnly):
     """Read-only pages plus the requeue permission and the admin log."""
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        """``outbox_app.requeue_notification``: requeue, retry, expire, replay."""
-        opts = Notification._meta
+        """``outbox_app.requeue_delivery``: requeue, retry, expire, replay."""
+        opts = Delivery._meta
         codename = get_permission_codename("requeue", opts)
         return request.user.has_perm(f"{opts.app_label}.{codename}")
 

@@ -1,5 +1,5 @@
 """The outbox events' admin: the list with each event's deliveries, an event's
-page with its notifications, "requeue deliveries" and "replay to subscriber"."""
+page with its deliveries, "requeue deliveries" and "replay to subscriber"."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..exceptions import OutboxError
 from ..ops import operations
 from ..store.clock import database_now
 from ..store.lifecycle import State
-from ..store.models import Notification, OutboxEvent
+from ..store.models import Delivery, OutboxEvent
 from .base import (
     STATE_COLOURS,
     OutboxAdminBase,
@@ -31,10 +31,10 @@ from .base import (
 )
 
 
-class NotificationInline(ReadOnly, admin.TabularInline):
+class DeliveryInline(ReadOnly, admin.TabularInline):
     """An event's deliveries, read-only, on the event's page."""
 
-    model = Notification
+    model = Delivery
     fields = [
         "subscriber",
         "state",
@@ -51,13 +51,13 @@ class NotificationInline(ReadOnly, admin.TabularInline):
     show_change_link = True
 
     @admin.display(description=gettext_lazy("last error"))
-    def short_error(self, obj: Notification) -> str:
+    def short_error(self, obj: Delivery) -> str:
         return Truncator(obj.last_error).chars(120)
 
 
 def _deliveries(state: State):
     rows = (
-        Notification.objects.filter(event=OuterRef("pk"), state=state)
+        Delivery.objects.filter(event=OuterRef("pk"), state=state)
         .order_by()
         .values("event")
         .annotate(n=Count("pk"))
@@ -106,14 +106,14 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         "type_or_action",
         "aggregate",
         "occurred_at",
-        "delivered",
+        "fanned_out",
         "delivery_summary",
     ]
     list_filter = [
         "event_type",
         "aggregate_type",
         "tenant_id",
-        "delivered",
+        "fanned_out",
         ScheduleFilter,
         ("occurred_at", admin.DateFieldListFilter),
     ]
@@ -124,7 +124,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
     show_full_result_count = False
     list_display_links = ["short_id"]
     actions = ["requeue_deliveries", "replay_to_subscriber"]
-    inlines = [NotificationInline]
+    inlines = [DeliveryInline]
     readonly_fields = ["payload_pretty", "headers_pretty", "action_params_pretty"]
     fieldsets = [
         (
@@ -137,7 +137,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
                     "revision",
                     "occurred_at",
                     "created_at",
-                    "delivered",
+                    "fanned_out",
                 ]
             },
         ),
@@ -283,7 +283,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         permissions=["requeue"], description=gettext_lazy("Replay to subscriber…")
     )
     def replay_to_subscriber(self, request, queryset):
-        """An intermediate page chooses the subscriber; its notification of each
+        """An intermediate page chooses the subscriber; its delivery of each
         selected event is created, or reset to PENDING."""
         try:
             choices = operations.subscriber_choices()

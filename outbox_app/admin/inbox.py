@@ -19,7 +19,7 @@ from ..templatetags.outbox_admin import duration
 from .base import LOG_EACH_MAX, OutboxAdminBase, error_summary, pre, pretty_json
 from .subscriptions import ServedFilter
 
-#: Badge colours, as the notifications' (base.STATE_COLOURS).
+#: Badge colours, as the deliveries' (base.STATE_COLOURS).
 COLOURS = {
     InboxState.HANDLED: "#2e7d32",
     InboxState.FAILED: "#b35c00",

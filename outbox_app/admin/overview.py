@@ -21,7 +21,7 @@ from ..conf import mask_url
 from ..exceptions import OutboxError
 from ..ops import status
 from ..store.lifecycle import InboxState, State
-from ..store.models import Notification, OutboxOverview
+from ..store.models import Delivery, OutboxOverview
 from ..templatetags.outbox_admin import chart_hours
 from .base import ReadOnly
 
@@ -61,7 +61,7 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
         return self.has_view_permission(request)
 
     def has_view_permission(self, request, obj=None) -> bool:
-        opts = Notification._meta
+        opts = Delivery._meta
         return any(
             request.user.has_perm(
                 f"{opts.app_label}.{get_permission_codename(perm, opts)}"
@@ -110,7 +110,7 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
             "hours": hours,
             "json_url": reverse(f"{self.admin_site.name}:outbox_app_overview_json"),
             "changelist_url": reverse(
-                f"{self.admin_site.name}:outbox_app_notification_changelist"
+                f"{self.admin_site.name}:outbox_app_delivery_changelist"
             ),
         }
         return TemplateResponse(request, "admin/outbox_app/overview.html", context)

@@ -1,4 +1,4 @@
-"""The subscriptions' admin: what fan-out creates notifications for, who
+"""The subscriptions' admin: what fan-out creates deliveries for, who
 serves it, retire and reactivate."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class ServedFilter(admin.SimpleListFilter):
 
 @admin.register(Subscription)
 class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
-    """What fan-out creates notifications for: every relay's subscribers, one
+    """What fan-out creates deliveries for: every relay's subscribers, one
     row per subscriber and event type. Retire a subscriber gone from the code
-    (its waiting notifications skipped or kept), or reactivate it."""
+    (its waiting deliveries skipped or kept), or reactivate it."""
 
     list_display = [
         "subscriber",
@@ -63,7 +63,7 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
     @admin.action(
         permissions=["requeue"],
         description=gettext_lazy(
-            "Retire selected subscriptions and skip their waiting notifications"
+            "Retire selected subscriptions and skip their waiting deliveries"
         ),
     )
     def retire_skipping_waiting(self, request, queryset):
@@ -72,7 +72,7 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
     @admin.action(
         permissions=["requeue"],
         description=gettext_lazy(
-            "Retire selected subscriptions and keep their waiting notifications"
+            "Retire selected subscriptions and keep their waiting deliveries"
         ),
     )
     def retire_keeping_waiting(self, request, queryset):
@@ -95,9 +95,9 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
             )
             return
         log = (
-            _("Retired; its waiting notifications skipped.")
+            _("Retired; its waiting deliveries skipped.")
             if waiting == "skip"
-            else _("Retired; its waiting notifications kept.")
+            else _("Retired; its waiting deliveries kept.")
         )
         self._log(request, Subscription, ids, retired, log)
         self.message_user(
@@ -109,8 +109,8 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
             )
             % {"count": retired}
             + ngettext(
-                "; %(count)d waiting notification was skipped.",
-                "; %(count)d waiting notifications were skipped.",
+                "; %(count)d waiting delivery was skipped.",
+                "; %(count)d waiting deliveries were skipped.",
                 skipped,
             )
             % {"count": skipped},

@@ -63,7 +63,7 @@ class RelayMetrics:
         registry = prometheus.REGISTRY
         self._outcomes = prometheus.Counter(
             "outbox_relay_outcomes",
-            "Notifications by outcome in this relay process (rows).",
+            "Deliveries by outcome in this relay process (rows).",
             ["subscriber", "outcome"],
             registry=registry,
         )

@@ -1,4 +1,4 @@
-"""The retry policy: what a failed attempt means for its notification.
+"""The retry policy: what a failed attempt means for its delivery.
 
 A decision is a value (procrastinate's ``retry.py``): ``retry_at`` for a
 FAILED row that will be tried again, ``None`` for the dead letter (EXPIRED).

@@ -27,7 +27,7 @@ def event_for(context: DeliveryContext) -> Any:
 
 def recorded_error(error: BaseException) -> tuple[str, str, str]:
     """``(message, dotted type, traceback)`` of ``error`` as failed rows keep
-    them (notifications, inbox messages): the traceback's last
+    them (deliveries, inbox messages): the traceback's last
     ``OUTBOX_TRACEBACK_MAX_CHARS`` characters; each made storable
     (:func:`~outbox_app.events.text.storable`: a lone surrogate or a NUL character in
     an exception's text becomes a backslash escape). An exception whose

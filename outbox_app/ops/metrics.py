@@ -17,10 +17,10 @@ class, durations) are ``manage.py relay --metrics-port``'s.
 Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
 
 =========================================  ======================================
-``outbox_notifications{subscriber,state}``  notifications per state (rows)
+``outbox_deliveries{subscriber,state}``  deliveries per state (rows)
 ``outbox_lag_seconds{subscriber}``         age of the oldest waiting delivery
                                            (since it was due)
-``outbox_scheduled_notifications``         deliveries scheduled for later
+``outbox_scheduled_deliveries``         deliveries scheduled for later
 ``{subscriber}``                           (``deliver_at`` ahead; not lag)
 ``outbox_blocked_aggregates{subscriber}``  aggregates an EXPIRED row holds back
                                            (ordered subscribers only)
@@ -65,9 +65,9 @@ class OutboxCollector:
     def collect(self) -> Iterator[Any]:
         core = _prometheus().core
         data = status.overview(using=self.using, deliveries=False)
-        notifications = core.GaugeMetricFamily(
-            "outbox_notifications",
-            "Notifications per subscriber and state (rows).",
+        deliveries = core.GaugeMetricFamily(
+            "outbox_deliveries",
+            "Deliveries per subscriber and state (rows).",
             labels=["subscriber", "state"],
         )
         lag = core.GaugeMetricFamily(
@@ -77,18 +77,18 @@ class OutboxCollector:
             labels=["subscriber"],
         )
         scheduled = core.GaugeMetricFamily(
-            "outbox_scheduled_notifications",
+            "outbox_scheduled_deliveries",
             "Deliveries scheduled for later (deliver_at ahead; rows), not lag.",
             labels=["subscriber"],
         )
         blocked = core.GaugeMetricFamily(
             "outbox_blocked_aggregates",
-            "Aggregates an EXPIRED notification holds back (ordered subscribers).",
+            "Aggregates an EXPIRED delivery holds back (ordered subscribers).",
             labels=["subscriber"],
         )
         for row in data["subscribers"]:
             for state in State.values:
-                notifications.add_metric(
+                deliveries.add_metric(
                     [row["name"], state.lower()], row["states"][state]
                 )
             if row["oldest_pending_seconds"] is not None:
@@ -96,14 +96,14 @@ class OutboxCollector:
             scheduled.add_metric([row["name"]], row["scheduled"])
             if row["blocked_aggregates"] is not None:
                 blocked.add_metric([row["name"]], row["blocked_aggregates"])
-        yield notifications
+        yield deliveries
         yield lag
         yield scheduled
         yield blocked
         yield core.GaugeMetricFamily(
             "outbox_events_awaiting_fanout",
             "Committed events not fanned out yet (rows).",
-            value=data["undelivered_events"],
+            value=data["events_awaiting_fanout"],
         )
         fanout_lag = core.GaugeMetricFamily(
             "outbox_fanout_lag_seconds",
@@ -111,8 +111,8 @@ class OutboxCollector:
             "in seconds.",
             labels=[],
         )
-        if data["oldest_undelivered_seconds"] is not None:
-            fanout_lag.add_metric([], data["oldest_undelivered_seconds"])
+        if data["oldest_awaiting_fanout_seconds"] is not None:
+            fanout_lag.add_metric([], data["oldest_awaiting_fanout_seconds"])
         yield fanout_lag
         paused = core.GaugeMetricFamily(
             "outbox_publisher_paused",

@@ -1,4 +1,4 @@
-"""Operators' operations on notifications: what the admin actions and
+"""Operators' operations on deliveries: what the admin actions and
 ``manage.py outbox_requeue`` do, beyond the transitions of ``querysets.py``.
 
 Every function takes querysets and works in bounded batches, so it behaves the
@@ -27,14 +27,14 @@ from ..store.lifecycle import (
     SKIPPABLE,
     State,
 )
-from ..store.models import Notification, OutboxEvent
+from ..store.models import Delivery, OutboxEvent
 from ..subscribers import WILDCARD
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
 
 #: The rows each operator's transition changes (the rest are left alone), as in
-#: ``NotificationQuerySet.requeue()`` / ``retry_now()`` / ``expire()``.
+#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``expire()``.
 TRANSITION_STATES: dict[str, tuple[State, ...]] = {
     "requeue": REQUEUEABLE,
     "retry_now": RETRYABLE,
@@ -43,27 +43,27 @@ TRANSITION_STATES: dict[str, tuple[State, ...]] = {
 }
 
 
-def affected(notifications: QuerySet, transition: str) -> QuerySet:
-    """The rows of ``notifications`` that ``transition`` would change.
+def affected(deliveries: QuerySet, transition: str) -> QuerySet:
+    """The rows of ``deliveries`` that ``transition`` would change.
 
     Args:
-        notifications: a Notification queryset.
+        deliveries: a Delivery queryset.
         transition: ``"requeue"``, ``"retry_now"`` or ``"expire"``.
     """
-    return notifications.filter(state__in=TRANSITION_STATES[transition])
+    return deliveries.filter(state__in=TRANSITION_STATES[transition])
 
 
 def apply(
-    notifications: QuerySet,
+    deliveries: QuerySet,
     transition: str,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     dry_run: bool = False,
 ) -> int:
-    """Run one operator's transition on ``notifications``, in batches.
+    """Run one operator's transition on ``deliveries``, in batches.
 
     Args:
-        notifications: a Notification queryset (any filter; its ordering and
+        deliveries: a Delivery queryset (any filter; its ordering and
             slicing are ignored).
         transition: ``"requeue"`` (FAILED/EXPIRED -> PENDING, due now, attempts
             reset), ``"retry_now"`` (FAILED rows due now) or ``"expire"``
@@ -77,22 +77,22 @@ def apply(
     if transition not in TRANSITION_STATES:
         raise ValueError(f"unknown transition {transition!r}")
     if dry_run:
-        return affected(notifications, transition).count()
-    return getattr(notifications, transition)(batch_size)
+        return affected(deliveries, transition).count()
+    return getattr(deliveries, transition)(batch_size)
 
 
 def requeue_matching(
-    notifications: QuerySet,
+    deliveries: QuerySet,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     dry_run: bool = False,
 ) -> int:
-    """Requeue every FAILED/EXPIRED row of ``notifications``, in batches.
+    """Requeue every FAILED/EXPIRED row of ``deliveries``, in batches.
 
     Returns:
         Rows requeued (or, with ``dry_run``, that would be).
     """
-    return apply(notifications, "requeue", batch_size=batch_size, dry_run=dry_run)
+    return apply(deliveries, "requeue", batch_size=batch_size, dry_run=dry_run)
 
 
 def requeue_deliveries(
@@ -101,16 +101,16 @@ def requeue_deliveries(
     """Requeue the FAILED/EXPIRED deliveries of the outbox events ``events``.
 
     Returns:
-        Notifications requeued.
+        Deliveries requeued.
     """
     return (
-        Notification.objects.using(events.db)
+        Delivery.objects.using(events.db)
         .filter(event__in=events.values("id"))
         .requeue(batch_size)
     )
 
 
-def notifications_matching(
+def deliveries_matching(
     *,
     subscriber: str,
     states: Iterable[str] = REQUEUEABLE,
@@ -118,7 +118,7 @@ def notifications_matching(
     since: datetime.datetime | None = None,
     using: str = "default",
 ) -> QuerySet:
-    """The notifications ``manage.py outbox_requeue`` selects.
+    """The deliveries ``manage.py outbox_requeue`` selects.
 
     Args:
         subscriber: a handler's or publisher's name (or a former name, an alias):
@@ -135,7 +135,7 @@ def notifications_matching(
             name.
     """
     names = registry.get(subscriber).stored_names
-    rows = Notification.objects.using(using).for_subscribers(names)
+    rows = Delivery.objects.using(using).for_subscribers(names)
     rows = rows.filter(state__in=list(states))
     if error_type:
         rows = rows.filter(last_error_type=error_type)
@@ -149,8 +149,8 @@ class ReplayResult:
     """What :func:`replay_to` did.
 
     Attributes:
-        created: notifications created (the subscriber had none for the event).
-        reset: existing notifications put back to PENDING.
+        created: deliveries created (the subscriber had none for the event).
+        reset: existing deliveries put back to PENDING.
         skipped: events left alone: sentinels, types the subscriber does not
             receive, and deliveries a worker is running right now.
     """
@@ -171,7 +171,7 @@ def replay_to(
     *,
     batch_size: int = 500,
 ) -> ReplayResult:
-    """Deliver ``events`` (again) to one subscriber: create its notification, or
+    """Deliver ``events`` (again) to one subscriber: create its delivery, or
     reset the existing one (whatever its state but RUNNING) to PENDING, due now,
     attempts reset. The last error is kept as history.
 
@@ -193,7 +193,7 @@ def replay_to(
     subscriber = registry.get(subscriber_name)
     names = subscriber.stored_names
     alias = events.db
-    rows = Notification.objects.using(alias)
+    rows = Delivery.objects.using(alias)
     base = events.order_by("id").only("id", "event_type")
     created = reset = skipped = 0
     last_id = None
@@ -238,21 +238,21 @@ def retire(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> tuple[int, int]:
     """Retire subscriptions (:class:`~outbox_app.store.models.Subscription` rows):
-    fan-out creates no notification for them from now on.
+    fan-out creates no delivery for them from now on.
 
     Args:
         subscriptions: a Subscription queryset; retired rows in it are left
             alone.
         waiting: ``"skip"``: the subscriber's PENDING, FAILED and EXPIRED
-            notifications of those event types become SKIPPED (finished; RUNNING
+            deliveries of those event types become SKIPPED (finished; RUNNING
             rows are left to the relay that leased them); ``"keep"``: they stay
             as they are, delivered if a relay that has the subscriber runs.
         by: who retired them, stored as ``retired_by`` (``"admin: alice"``).
         force: retire even rows a running relay still has.
-        batch_size: notifications per UPDATE.
+        batch_size: deliveries per UPDATE.
 
     Returns:
-        ``(subscriptions retired, notifications skipped)``.
+        ``(subscriptions retired, deliveries skipped)``.
 
     Raises:
         SubscriptionInUse: a relay refreshed one of them within
@@ -283,7 +283,7 @@ def retire(
                 else Q(subscriber=name, event_type=event_type)
             )
         skipped = (
-            Notification.objects.using(alias)
+            Delivery.objects.using(alias)
             .filter(match)
             .skip(batch_size, states=ABANDONABLE)
         )
@@ -291,7 +291,7 @@ def retire(
 
 
 def reactivate(subscriptions: QuerySet) -> int:
-    """Undo :func:`retire`: fan-out creates notifications for them again (not
+    """Undo :func:`retire`: fan-out creates deliveries for them again (not
     for events fanned out meanwhile). Returns rows reactivated."""
     return subscriptions.reactivate()
 
@@ -311,7 +311,7 @@ __all__ = [
     "ReplayResult",
     "affected",
     "apply",
-    "notifications_matching",
+    "deliveries_matching",
     "reactivate",
     "replay_to",
     "requeue_deliveries",

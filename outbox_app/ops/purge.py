@@ -2,18 +2,18 @@
 
 What goes, once older than ``OUTBOX_RETENTION_DAYS`` (or ``older_than_days``):
 
-- SUCCEEDED (and SKIPPED) notifications completed before the cutoff;
-- outbox events fanned out (``delivered``) and published before the cutoff
-  whose every delivery finished before the cutoff (with those notifications);
+- SUCCEEDED (and SKIPPED) deliveries completed before the cutoff;
+- outbox events fanned out (``fanned_out``) and published before the cutoff
+  whose every delivery finished before the cutoff (with those deliveries);
 - sentinel rows (actions that published nothing) created before the cutoff;
 - the inbox's HANDLED rows (``manage.py consume``) handled more than
   ``OUTBOX_INBOX_RETENTION_DAYS`` ago (a duplicate of such a message arriving
   later runs its consumer again); FAILED and PARKED inbox rows never go.
 
 What never goes, however old: PENDING, RUNNING, FAILED and EXPIRED
-notifications, and events that still have one of them, and events not fanned
+deliveries, and events that still have one of them, and events not fanned
 out yet (a subscriber deployed later still gets them). Deleting everything older
-than N days whatever its state loses undelivered events and the dead letter;
+than N days whatever its state loses events awaiting fan-out and the dead letter;
 this module does not.
 
 ``manage.py outbox_purge`` and the Celery ``purge_outbox`` task call
@@ -29,11 +29,11 @@ How it deletes tens of millions of rows beside a running relay (issue 16;
   scans, and a pass's last page scans into the relay's fresh rows.
 - **The events' pages use the cheap condition only** (fanned out, old). With
   "no delivery keeps it" in the page query, PostgreSQL plans ``LIMIT n`` as a
-  merge anti-join that walks the notifications' ``(event, subscriber)`` index
-  from its start at every page: 1.3 s a page at 2 million notifications, and
+  merge anti-join that walks the deliveries' ``(event, subscriber)`` index
+  from its start at every page: 1.3 s a page at 2 million deliveries, and
   growing with the table. That test is applied by the events' DELETE, which
   names its ids (index probes).
-- **One short transaction per batch, DELETEs by key.** The notifications of
+- **One short transaction per batch, DELETEs by key.** The deliveries of
   the page's events (the unique ``(event, subscriber)`` index), then the
   events (primary key), each one ``DELETE`` that re-checks the condition, so
   a row requeued meanwhile stays. The purge locks only old rows, which the
@@ -62,12 +62,12 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from ..conf import outbox_settings
 from ..store.clock import database_now
 from ..store.lifecycle import FINISHED, InboxState
-from ..store.models import InboxMessage, Notification, OutboxEvent
+from ..store.models import Delivery, InboxMessage, OutboxEvent
 
 DEFAULT_BATCH_SIZE = 1000
 #: After each batch, sleep this many times as long as the batch took.
 DEFAULT_PAUSE_RATIO = 1.0
-#: The same while relays have work waiting (due notifications, events awaiting
+#: The same while relays have work waiting (due deliveries, events awaiting
 #: fan-out): the purge yields to them.
 DEFAULT_BUSY_PAUSE_RATIO = 4.0
 #: Seconds between two looks at whether the relays have work waiting.
@@ -80,20 +80,20 @@ class PurgeCounts:
 
     Attributes:
         events: outbox events whose every delivery finished.
-        notifications: SUCCEEDED notifications (those of the events above
+        deliveries: SUCCEEDED deliveries (those of the events above
             included).
         sentinels: sentinel rows of actions that published nothing.
         inbox: HANDLED inbox rows past the inbox's retention.
     """
 
     events: int = 0
-    notifications: int = 0
+    deliveries: int = 0
     sentinels: int = 0
     inbox: int = 0
 
     @property
     def total(self) -> int:
-        return self.events + self.notifications + self.sentinels + self.inbox
+        return self.events + self.deliveries + self.sentinels + self.inbox
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -106,14 +106,14 @@ class Purgeable:
 
     cutoff: datetime.datetime
     events: QuerySet
-    notifications: QuerySet
+    deliveries: QuerySet
     sentinels: QuerySet
     inbox: QuerySet
 
     def counts(self) -> PurgeCounts:
         return PurgeCounts(
             events=self.events.count(),
-            notifications=self.notifications.count(),
+            deliveries=self.deliveries.count(),
             sentinels=self.sentinels.count(),
             inbox=self.inbox.count(),
         )
@@ -151,10 +151,10 @@ def purgeable(
         inbox_cutoff = database_now(using) - datetime.timedelta(
             days=outbox_settings.INBOX_RETENTION_DAYS
         )
-    notifications = Notification.objects.using(using)
+    deliveries = Delivery.objects.using(using)
     finished = Q(state__in=FINISHED, completed_at__lt=cutoff)
     # A delivery that keeps its event: unfinished, or finished after the cutoff.
-    keeps_event = notifications.filter(event=OuterRef("pk")).filter(
+    keeps_event = deliveries.filter(event=OuterRef("pk")).filter(
         ~Q(state__in=FINISHED)
         | Q(completed_at__isnull=True)
         | Q(completed_at__gte=cutoff)
@@ -162,7 +162,7 @@ def purgeable(
     return Purgeable(
         cutoff=cutoff,
         events=_old_events(cutoff, using).filter(~Exists(keeps_event)),
-        notifications=notifications.filter(finished),
+        deliveries=deliveries.filter(finished),
         sentinels=OutboxEvent.objects.using(using)
         .sentinels()
         .filter(created_at__lt=cutoff),
@@ -175,7 +175,7 @@ def purgeable(
 def _old_events(cutoff: datetime.datetime, using: str) -> QuerySet:
     """Events fanned out before ``cutoff``, whatever their deliveries."""
     return OutboxEvent.objects.using(using).filter(
-        delivered=True, event_type__isnull=False, created_at__lt=cutoff
+        fanned_out=True, event_type__isnull=False, created_at__lt=cutoff
     )
 
 
@@ -203,7 +203,7 @@ def purge(
             the batch took (1: the purge works at most half the time; 0: no
             pause), so the relay keeps its share of the database and the CPU.
         busy_pause_ratio: the same while the relays have work waiting (due
-            notifications or events awaiting fan-out); never below
+            deliveries or events awaiting fan-out); never below
             ``pause_ratio``.
         progress: called after each batch with ``(done, expected)``; ``expected``
             is counted once at the start.
@@ -244,23 +244,23 @@ def purge(
     report()
 
     def delete_events(ids: list) -> None:
-        # Old events: their finished old notifications go first (those of an
-        # event that stays too: the notifications' pass would delete them),
+        # Old events: their finished old deliveries go first (those of an
+        # event that stays too: the deliveries' pass would delete them),
         # then the events with no delivery left that keeps them. Each DELETE
         # names its rows by primary key and re-checks the condition, so a row
         # requeued meanwhile stays; one statement each, no collector (which
         # would SELECT the rows and DELETE them again).
-        done.notifications += _delete(rows.notifications.filter(event_id__in=ids))
+        done.deliveries += _delete(rows.deliveries.filter(event_id__in=ids))
         done.events += _delete(rows.events.filter(pk__in=ids))
         report()
 
-    def delete_notifications(ids: list) -> None:
+    def delete_deliveries(ids: list) -> None:
         # Old deliveries of events that stay (a sibling delivery is unfinished).
-        done.notifications += _delete(rows.notifications.filter(pk__in=ids))
+        done.deliveries += _delete(rows.deliveries.filter(pk__in=ids))
         report()
 
     def delete_sentinels(ids: list) -> None:
-        # Sentinels are never fanned out: no notification refers to them.
+        # Sentinels are never fanned out: no delivery refers to them.
         done.sentinels += _delete(rows.sentinels.filter(pk__in=ids))
         report()
 
@@ -274,12 +274,12 @@ def purge(
 
     # The events' pages are read without the "every delivery finished" test:
     # with it, PostgreSQL plans LIMIT n as a merge anti-join that walks the
-    # notifications' (event, subscriber) index from its start at every page
-    # (1.3 s a page at 2 million notifications, growing with the table);
+    # deliveries' (event, subscriber) index from its start at every page
+    # (1.3 s a page at 2 million deliveries, growing with the table);
     # delete_events applies the test to its page of ids instead.
     for queryset, work in (
         (_old_events(rows.cutoff, using), delete_events),
-        (rows.notifications, delete_notifications),
+        (rows.deliveries, delete_deliveries),
         (rows.sentinels, delete_sentinels),
         (rows.inbox, delete_inbox),
     ):
@@ -308,8 +308,8 @@ class _Pause:
             if time.monotonic() - self.checked >= BUSY_CHECK_SECONDS:
                 self.checked = time.monotonic()
                 self.busy = (
-                    Notification.objects.using(self.using).due().exists()
-                    or OutboxEvent.objects.using(self.using).undelivered().exists()
+                    Delivery.objects.using(self.using).due().exists()
+                    or OutboxEvent.objects.using(self.using).awaiting_fanout().exists()
                 )
             if self.busy:
                 ratio = self.busy_ratio

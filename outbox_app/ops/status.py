@@ -23,8 +23,8 @@ from ..relay import registry
 from ..store.clock import database_now
 from ..store.lifecycle import InboxState, State
 from ..store.models import (
+    Delivery,
     InboxMessage,
-    Notification,
     OutboxEvent,
     SubscriberPause,
     Subscription,
@@ -79,8 +79,8 @@ def overview(
               "expired": 2,
               "blocked_aggregates": 1,        # held back by an EXPIRED row,
                                               # ordered subscribers only
-              "undelivered_events": 4,        # not fanned out yet
-              "oldest_undelivered_seconds": 3.0,  # of a subscribed type
+              "events_awaiting_fanout": 4,        # not fanned out yet
+              "oldest_awaiting_fanout_seconds": 3.0,  # of a subscribed type
               "subscribers": [
                 {"name": "shop.handlers.email", "kind": "handler",
                  "registered": True, "ordered": False,
@@ -99,7 +99,7 @@ def overview(
               ],
             }
 
-        A subscriber row with ``"registered": False`` holds notifications stored
+        A subscriber row with ``"registered": False`` holds deliveries stored
         under a name no handler or publisher has any more (a removed or renamed
         subscriber without ``aliases``): nothing delivers them.
 
@@ -108,11 +108,11 @@ def overview(
     """
     now = now or database_now(using)
     subscribers = registry.subscribers()
-    notifications = Notification.objects.using(using)
+    table = Delivery.objects.using(using)
 
     by_name: dict[str, dict[str, int]] = {}
     for name, state, n in (
-        notifications.order_by()
+        table.order_by()
         .values_list("subscriber", "state")
         .annotate(n=Count("id"))
         .values_list("subscriber", "state", "n")
@@ -121,7 +121,7 @@ def overview(
     # A waiting row is late from when it was due: its scheduled deliver_at,
     # else its creation at fan-out. Rows scheduled for later are not late.
     oldest_by_name = dict(
-        notifications.filter(state__in=WAITING)
+        table.filter(state__in=WAITING)
         .exclude(deliver_at__gt=now)
         .order_by()
         .values_list("subscriber")
@@ -130,7 +130,7 @@ def overview(
     )
     scheduled_by_name = {
         name: (n, soonest)
-        for name, n, soonest in notifications.scheduled(now)
+        for name, n, soonest in table.scheduled(now)
         .order_by()
         .values_list("subscriber")
         .annotate(n=Count("id"), soonest=Min("deliver_at"))
@@ -143,7 +143,7 @@ def overview(
         names = list(subscriber.stored_names)
         seen.update(names)
         blocked = (
-            notifications.for_subscribers(names).blocked_aggregates()
+            table.for_subscribers(names).blocked_aggregates()
             if subscriber.ordered
             else None
         )
@@ -182,8 +182,8 @@ def overview(
         for state, n in counts.items():
             states[state] = states.get(state, 0) + n
 
-    undelivered = OutboxEvent.objects.using(using).undelivered()
-    fanout_oldest = _oldest_undelivered(undelivered, subscribers)
+    awaiting = OutboxEvent.objects.using(using).awaiting_fanout()
+    fanout_oldest = _oldest_awaiting_fanout(awaiting, subscribers)
     fanout_lag = _age(fanout_oldest, now)
     waiting = [row["oldest_pending_seconds"] for row in rows if row["registered"]]
     lags = [lag for lag in [*waiting, fanout_lag] if lag is not None]
@@ -202,8 +202,8 @@ def overview(
             default=None,
         ),
         "blocked_aggregates": sum(row["blocked_aggregates"] or 0 for row in rows),
-        "undelivered_events": undelivered.count(),
-        "oldest_undelivered_seconds": fanout_lag,
+        "events_awaiting_fanout": awaiting.count(),
+        "oldest_awaiting_fanout_seconds": fanout_lag,
         "subscribers": rows,
         "deliveries": (
             deliveries_per_minute(using=using, now=now) if deliveries else None
@@ -267,7 +267,7 @@ def unserved(
     *, using: str = "default", now: datetime.datetime | None = None
 ) -> list[dict[str, Any]]:
     """Active subscriptions no running relay has (none refreshed them within
-    ``SERVED_SECONDS``): fan-out still creates their notifications, which
+    ``SERVED_SECONDS``): fan-out still creates their deliveries, which
     wait for a relay that has the subscriber (or for ``outbox_subscribers
     --retire``).
 
@@ -296,7 +296,7 @@ def deliveries_per_minute(
 ) -> dict[str, Any]:
     """Successful deliveries per minute over the last 24 hours.
 
-    Counted from ``completed_at`` of SUCCEEDED notifications, grouped by UTC
+    Counted from ``completed_at`` of SUCCEEDED deliveries, grouped by UTC
     minute in the database (``TruncMinute``: portable across PostgreSQL,
     MySQL/MariaDB and SQLite), so at most 1,440 rows come back however many
     deliveries there were. Rows already purged are not counted.
@@ -311,7 +311,7 @@ def deliveries_per_minute(
     start = end - datetime.timedelta(minutes=CHART_MINUTES)
     per_minute = [0] * CHART_MINUTES
     buckets = (
-        Notification.objects.using(using)
+        Delivery.objects.using(using)
         .filter(state=State.SUCCEEDED, completed_at__gte=start, completed_at__lt=end)
         .annotate(minute=TruncMinute("completed_at", tzinfo=_UTC))
         .order_by()
@@ -345,7 +345,7 @@ def problems(
     Args:
         data: what :func:`overview` returned.
         max_lag: most seconds the oldest waiting delivery may be old.
-        max_expired: most EXPIRED notifications tolerated.
+        max_expired: most EXPIRED deliveries tolerated.
         max_parked: most PARKED inbox messages tolerated (the dead letter of
             ``manage.py consume``).
 
@@ -358,7 +358,7 @@ def problems(
         found.append(f"lag {lag:.1f}s is above --max-lag {max_lag:g}s")
     if max_expired is not None and data["expired"] > max_expired:
         found.append(
-            f"{data['expired']} expired notifications, more than --max-expired "
+            f"{data['expired']} expired deliveries, more than --max-expired "
             f"{max_expired}"
         )
     parked = sum(row["states"][InboxState.PARKED] for row in data.get("inbox", ()))
@@ -405,15 +405,15 @@ def _row(
     }
 
 
-def _oldest_undelivered(undelivered, subscribers: Sequence[Subscriber]):
+def _oldest_awaiting_fanout(awaiting, subscribers: Sequence[Subscriber]):
     """Creation time of the oldest event waiting for fan-out that some subscriber
     receives (an event nobody subscribes to waits on purpose)."""
     if not subscribers:
         return None
     if all(s.event_types is not None for s in subscribers):
         types = set().union(*(s.event_types for s in subscribers))
-        undelivered = undelivered.filter(event_type__in=types)
-    return undelivered.aggregate(oldest=Min("created_at"))["oldest"]
+        awaiting = awaiting.filter(event_type__in=types)
+    return awaiting.aggregate(oldest=Min("created_at"))["oldest"]
 
 
 def _iso(moment: datetime.datetime | None) -> str | None:

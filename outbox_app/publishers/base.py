@@ -13,7 +13,7 @@ A publisher is configured as one ``OUTBOX_PUBLISHERS`` entry::
     }
 
 It is a subscriber of the delivery engine like a handler, so it gets
-notifications, retries, backoff, expiry, ordering and requeue for free. A backend
+deliveries, retries, backoff, expiry, ordering and requeue for free. A backend
 implements :meth:`Publisher.send_batch`; one that can keep several batches on
 the wire (publisher confirms) also implements :meth:`Publisher.send` and
 :meth:`Publisher.collect`, and one that can check its destination cheaply
@@ -89,7 +89,7 @@ class Publisher(Subscriber):
 
         ``None`` means delivered: the destination confirmed it (for RabbitMQ, a
         publisher confirm). An exception instance means not delivered; its text
-        is recorded on the notification and, unless it is
+        is recorded on the delivery and, unless it is
         :class:`~outbox_app.exceptions.PublisherUnavailable` or
         :class:`~outbox_app.exceptions.UndeliverableMessage` (see the module
         docstring), the message is retried with backoff. A backend may also
@@ -237,7 +237,7 @@ def failure(
     kind: type[DeliveryError], message: str, cause: BaseException | None
 ) -> DeliveryError:
     """An outcome of ``kind`` with ``message``, caused by ``cause`` (its
-    traceback is recorded with the notification's failure)."""
+    traceback is recorded with the delivery's failure)."""
     error = kind(message)
     error.__cause__ = cause
     return error

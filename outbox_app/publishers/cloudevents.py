@@ -87,7 +87,7 @@ def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
 
     Args:
         context: the delivery; only the event's fields are used (not
-            ``attempt``, ``subscriber`` or ``notification_id``, so a redelivery
+            ``attempt``, ``subscriber`` or ``delivery_id``, so a redelivery
             is byte-for-byte the same event).
 
     Returns:

@@ -284,7 +284,7 @@ def outbox_action(
             occurred_at=now,
             created_at=now,
             payload_bytes=0,
-            delivered=False,
+            fanned_out=False,
         )
         _insert([sentinel], alias)
 
@@ -411,7 +411,7 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
             "tenant_id": tenant_id,
             "occurred_at": now,
             "created_at": now,
-            "delivered": False,
+            "fanned_out": False,
             **extras,
         }
         rows.append(_row(values))

@@ -3,7 +3,7 @@
 One module per step of the way:
 
 * :mod:`~outbox_app.relay.fanout`: events not fanned out yet -> one
-  notification per active subscription;
+  delivery per active subscription;
 * :mod:`~outbox_app.relay.batch`: a claimed batch, its lease (claim, keep,
   renew, release) and claiming ahead;
 * :mod:`~outbox_app.relay.handlers` and :mod:`~outbox_app.relay.sending`:

@@ -36,7 +36,7 @@ class Batch:
     """Rows claimed for one subscriber under one lease token.
 
     Attributes:
-        contexts: the claimed deliveries, in notification id order.
+        contexts: the claimed deliveries, in delivery id order.
         now: the claim's clock (the database's, :func:`~outbox_app.store.db.
             database_now`, or a test's); :meth:`clock` moves it on with the
             time spent.
@@ -122,8 +122,8 @@ class Batch:
             # Where the fan-out reads its claimed rows back by lease token
             # (not PostgreSQL's RETURNING), a row this claim took already (a
             # replayed delivery of an event not fanned out yet) comes back too.
-            taken = {c.notification_id for c in contexts}
-            contexts += [c for c in step.contexts if c.notification_id not in taken]
+            taken = {c.delivery_id for c in contexts}
+            contexts += [c for c in step.contexts if c.delivery_id not in taken]
         return cls(
             subscriber,
             gateway,
@@ -176,9 +176,9 @@ class Batch:
         if time.monotonic() - self.renewed <= lease / 10 or not contexts:
             return list(contexts)
         renewed = time.monotonic()
-        held = self.renew([c.notification_id for c in contexts])
+        held = self.renew([c.delivery_id for c in contexts])
         self.renewed = renewed
-        return [c for c in contexts if c.notification_id in held]
+        return [c for c in contexts if c.delivery_id in held]
 
     def renew(self, ids: Sequence[int]) -> set[int]:
         """Lease the rows ``ids`` of this batch for a whole lease from now.
@@ -193,7 +193,7 @@ class Batch:
         if not self.contexts:
             return RelayReport()
         released = self.gateway.release(
-            self.token, [c.notification_id for c in self.contexts], self.clock()
+            self.token, [c.delivery_id for c in self.contexts], self.clock()
         )
         return RelayReport(
             claimed=len(self.contexts), released=released, fanned_out=self.fanned_out

@@ -1,12 +1,12 @@
-"""Fan-out: undelivered outbox events -> one notification per subscription.
+"""Fan-out: outbox events awaiting fan-out -> one delivery per subscription.
 
-Fan-out creates notifications for every active :class:`~outbox_app.store.models.
+Fan-out creates deliveries for every active :class:`~outbox_app.store.models.
 Subscription` of an event's type, not only for the subscribers this process
 has: each relay records the subscribers it has (:func:`subscribed_types`), so
 during a rolling deploy a relay of the old version fans out to a subscriber
-only the new version has, and the notifications wait for a relay that has it.
+only the new version has, and the deliveries wait for a relay that has it.
 Only events of types that have a subscription are taken, so an event nobody
-subscribes to stays undelivered and a subscriber deployed later still receives
+subscribes to waits for fan-out and a subscriber deployed later still receives
 it (Ekbatan's EventFanoutJob, seed 000). Sentinel rows are never fanned out.
 """
 
@@ -85,7 +85,7 @@ def subscribed_types(
             _warned.add((using, *pair))
             logger.warning(
                 "subscription %s <- %s is retired: this relay delivers the "
-                "notifications it has, fan-out creates no new ones "
+                "deliveries it has, fan-out creates no new ones "
                 "(manage.py outbox_subscribers --reactivate %s)",
                 *pair,
                 pair[0],
@@ -101,15 +101,15 @@ def fan_out(
     max_seconds: float | None = None,
     subscribers: Sequence[Subscriber] | None = None,
 ) -> int:
-    """Create the notifications of undelivered events, oldest first, in batches.
+    """Create the deliveries of events awaiting fan-out, oldest first, in batches.
 
     Each batch is one short transaction (one statement on PostgreSQL): lock
-    the oldest undelivered events of subscribed types after the previous
+    the oldest events awaiting fan-out of subscribed types after the previous
     batch's last id, skipping those another relay is fanning out, insert one
-    PENDING notification per subscriber of their type (idempotently: the
-    ``(event, subscriber)`` pair is unique), flip ``delivered`` of those that
-    have a notification (an event whose only subscription was retired
-    meanwhile stays undelivered)
+    PENDING delivery per subscriber of their type (idempotently: the
+    ``(event, subscriber)`` pair is unique), flip ``fanned_out`` of those that
+    have a delivery (an event whose only subscription was retired
+    meanwhile waits for fan-out)
     (:meth:`Gateway.fan_out <outbox_app.store.gateway.Gateway.fan_out>`).
     Keyset pagination keeps each batch's scan to the rows it takes, however
     stale the table's statistics (bench/RESULTS.md, benchmark 5); an event
@@ -122,7 +122,7 @@ def fan_out(
             (``0``: one batch); ``None`` runs until nothing is left.
         subscribers: recorded as this process's subscribers first (see
             :func:`subscribed_types`); default every registered handler and
-            configured publisher. Notifications are created for every active
+            configured publisher. Deliveries are created for every active
             subscription, whoever recorded it.
 
     Returns:

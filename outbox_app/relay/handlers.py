@@ -91,7 +91,7 @@ class _Runner:
         waiting = list(self.batch.contexts)
         while waiting:
             if self.stop.is_set():
-                self.outcomes.released([c.notification_id for c in waiting])
+                self.outcomes.released([c.delivery_id for c in waiting])
                 return
             kept = self.batch.keep(waiting)
             self.outcomes.lost(len(waiting) - len(kept), "were taken over")
@@ -138,7 +138,7 @@ class _Runner:
                         if later:
                             deferred.append((context, later))
                         elif error is None:
-                            succeeded.append(context.notification_id)
+                            succeeded.append(context.delivery_id)
                         else:
                             failures.append((context, error))
                         if queried:
@@ -157,7 +157,7 @@ class _Runner:
                     # under this batch's token and locks them until the
                     # commit; if one was taken over, it raises LeaseLost.
                     self.outcomes.succeeded(succeeded, all_or_none=True)
-                    later_ids = [c.notification_id for c, _ in deferred]
+                    later_ids = [c.delivery_id for c, _ in deferred]
                     if (
                         guard.queried
                         and later_ids
@@ -177,7 +177,7 @@ class _Runner:
             # every write of the group is rolled back (and the callbacks
             # taken out are dropped with them), the rows still held are
             # handed back, due at once; the others belong to that relay now.
-            held = succeeded + [c.notification_id for c, _ in deferred]
+            held = succeeded + [c.delivery_id for c, _ in deferred]
             released = self.outcomes.released(held)
             self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
             deferred = []
@@ -214,9 +214,9 @@ class _Runner:
                 except Exception as exc:
                     if robust or error is not None:
                         logger.error(
-                            "%s: an on_commit callback of notification %s raised: %s",
+                            "%s: an on_commit callback of delivery %s raised: %s",
                             self.handler.name,
-                            context.notification_id,
+                            context.delivery_id,
                             exc,
                             exc_info=exc,
                             extra={"subscriber": self.handler.name},
@@ -224,7 +224,7 @@ class _Runner:
                     else:
                         error = exc
             if error is None:
-                done.append(context.notification_id)
+                done.append(context.delivery_id)
             else:
                 failures.append((context, error))
         self.outcomes.succeeded(done)

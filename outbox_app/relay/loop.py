@@ -91,7 +91,7 @@ def deliver(
     stop: threading.Event | None = None,
     fold: bool = True,
 ) -> RelayReport:
-    """Claim and deliver due notifications, batch by batch, until none is due or
+    """Claim and deliver due deliveries, batch by batch, until none is due or
     the time budget is spent.
 
     Subscribers take turns, a batch each; a call that ran out of time is
@@ -102,7 +102,7 @@ def deliver(
     With ``fold``, an unordered subscriber's batch that is not
     full is topped up from events not fanned out yet: fan-out and claim are
     one step (:meth:`Batch.claim <outbox_app.relay.batch.Batch.claim>`),
-    creating notifications for every active subscription (those of other
+    creating deliveries for every active subscription (those of other
     relays' subscribers too, :mod:`~outbox_app.relay.fanout`).
 
     Args:

@@ -5,7 +5,7 @@ Every write is compare-and-set on the batch's lease token (the gateway's
 ``succeed``, ``fail``, ``release``), so a relay that lost its lease writes
 nothing; the rows it no longer holds are counted as ``lost``. Saving an
 outcome is kept apart from logging it; log records carry structured
-``extra`` fields (``subscriber``, ``notification_id``, ``event_id``,
+``extra`` fields (``subscriber``, ``delivery_id``, ``event_id``,
 ``attempt``) for log pipelines.
 """
 
@@ -37,8 +37,8 @@ class RelayReport:
     """Counts of one relay call (rows, not events).
 
     Attributes:
-        fanned_out: events turned into notifications.
-        claimed: notifications leased.
+        fanned_out: events turned into deliveries.
+        claimed: deliveries leased.
         succeeded, failed, expired: outcomes written (FAILED will be retried).
         lapsed: SKIPPED unattempted, their event expired (``expires_at``)
             before delivery.
@@ -120,7 +120,7 @@ class Outcomes:
         try:
             written = self.gateway.fail(
                 self.token,
-                context.notification_id,
+                context.delivery_id,
                 error=message,
                 error_type=error_type,
                 traceback=text,
@@ -129,9 +129,9 @@ class Outcomes:
             )
         except DatabaseError:
             logger.exception(
-                "%s: could not record the failure of notification %s: %s",
+                "%s: could not record the failure of delivery %s: %s",
                 self.subscriber.name,
-                context.notification_id,
+                context.delivery_id,
                 error,
                 extra=_extra(self.subscriber, context),
             )
@@ -144,9 +144,9 @@ class Outcomes:
             self.report.expired += 1
             relay_metrics.outcome(self.subscriber.name, "expired", 1)
             logger.error(
-                "%s: notification %s of event %s EXPIRED after %d attempt(s): %s",
+                "%s: delivery %s of event %s EXPIRED after %d attempt(s): %s",
                 self.subscriber.name,
-                context.notification_id,
+                context.delivery_id,
                 context.event_id,
                 context.attempt,
                 error,
@@ -156,9 +156,9 @@ class Outcomes:
             self.report.failed += 1
             relay_metrics.outcome(self.subscriber.name, "failed", 1)
             logger.warning(
-                "%s: notification %s of event %s failed (attempt %d), retry at %s: %s",
+                "%s: delivery %s of event %s failed (attempt %d), retry at %s: %s",
                 self.subscriber.name,
-                context.notification_id,
+                context.delivery_id,
                 context.event_id,
                 context.attempt,
                 retry_at.isoformat(),
@@ -174,7 +174,7 @@ class Outcomes:
             return 0
         written = self.gateway.lapse(
             self.token,
-            [c.notification_id for c in contexts],
+            [c.delivery_id for c in contexts],
             error="the event's expires_at passed before it was delivered",
             error_type=LAPSED_ERROR_TYPE,
             now=self.now(),
@@ -182,7 +182,7 @@ class Outcomes:
         self.report.lapsed += written
         relay_metrics.outcome(self.subscriber.name, "lapsed", written)
         logger.info(
-            "%s: %d notification(s) skipped, their event expired before delivery",
+            "%s: %d delivery(s) skipped, their event expired before delivery",
             self.subscriber.name,
             written,
             extra={"subscriber": self.subscriber.name},
@@ -206,7 +206,7 @@ class Outcomes:
         self.report.lost += count
         relay_metrics.outcome(self.subscriber.name, "lost", count)
         logger.warning(
-            "%s: %d notification(s) %s after their lease had passed to another "
+            "%s: %d delivery(s) %s after their lease had passed to another "
             "relay; the outcome was discarded (at least once: that relay "
             "delivers them)",
             self.subscriber.name,
@@ -219,7 +219,7 @@ class Outcomes:
 def _extra(subscriber: Subscriber, context: DeliveryContext) -> dict:
     return {
         "subscriber": subscriber.name,
-        "notification_id": context.notification_id,
+        "delivery_id": context.delivery_id,
         "event_id": str(context.event_id),
         "attempt": context.attempt,
     }

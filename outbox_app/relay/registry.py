@@ -1,7 +1,7 @@
 """Which subscribers this process has: in-process handlers (``@handler``) and
 broker publishers (``OUTBOX_PUBLISHERS``).
 
-A subscriber's ``name`` is the stable key stored on its notifications. A handler's
+A subscriber's ``name`` is the stable key stored on its deliveries. A handler's
 defaults to the function's dotted path; ``aliases`` keeps rows stored under an
 old name flowing after a rename. A publisher's name is its ``OUTBOX_PUBLISHERS``
 key. The subscriber classes themselves are in :mod:`outbox_app.subscribers`.
@@ -50,16 +50,16 @@ def handler(
 
     Args:
         *event_types: Event classes or type names the handler receives.
-        name: stable key stored on its notifications; defaults to the function's
+        name: stable key stored on its deliveries; defaults to the function's
             dotted path (``module.qualname``).
-        max_attempts: attempts before the notification EXPIRES; default
+        max_attempts: attempts before the delivery EXPIRES; default
             ``OUTBOX_MAX_ATTEMPTS``.
         retry_on: exception classes that are retried with backoff.
-        give_up_on: exception classes that expire the notification at once
+        give_up_on: exception classes that expire the delivery at once
             (checked first).
         ordered: deliver each aggregate's events strictly in publish order.
         timeout: seconds one attempt may run; ``None`` for no limit.
-        aliases: former names; notifications stored under them keep flowing to
+        aliases: former names; deliveries stored under them keep flowing to
             this handler after a rename.
 
     Returns:

@@ -140,13 +140,13 @@ class PublisherRunner:
     def _record(self, sent: _Sent, results: list[BaseException | None]) -> None:
         outcomes, batch = sent.outcomes, sent.batch
         pairs = list(zip(sent.contexts, results, strict=True))
-        delivered = [c.notification_id for c, r in pairs if r is None]
+        delivered = [c.delivery_id for c, r in pairs if r is None]
         outages = [(c, r) for c, r in pairs if isinstance(r, PublisherUnavailable)]
         self._mark(outcomes, delivered, sent.backlog)
         if outages:
             # No attempt counted: the rows are due again at once (and claimed
             # again once a probe shows the destination is back).
-            outcomes.released([c.notification_id for c, _ in outages])
+            outcomes.released([c.delivery_id for c, _ in outages])
             pauses.pause(
                 self.publisher,
                 outages[0][1],

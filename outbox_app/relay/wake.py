@@ -33,7 +33,7 @@ def notify_relays(alias: str) -> None:
 
 
 class Listener:
-    """Waits for a wake-up: a PostgreSQL notification on its own autocommit
+    """Waits for a wake-up: a PostgreSQL delivery on its own autocommit
     connection, or (any database) an in-process :meth:`wake`.
 
     Usage::
@@ -92,8 +92,8 @@ class Listener:
         """Block up to ``timeout`` seconds for a wake-up.
 
         Returns:
-            ``"notify"`` (PostgreSQL notification), ``"signal"`` (in-process
-            wake-up) or ``None`` (timed out). Pending notifications are drained.
+            ``"notify"`` (a PostgreSQL NOTIFY), ``"signal"`` (in-process
+            wake-up) or ``None`` (timed out). Pending deliveries are drained.
 
         Raises:
             the driver's connection errors if the LISTEN connection broke; the

@@ -15,9 +15,9 @@ Where the database allows it a step is one round trip:
 statement   PostgreSQL                        MySQL/MariaDB; SQLite
 ==========  ================================  ================================
 fan-out     one ``WITH``: lock a batch of     the same statements in one
-            undelivered events (``SKIP        transaction (SQLite: no locks;
+            events awaiting fan-out (``SKIP        transaction (SQLite: no locks;
             LOCKED``), insert their           one writer at a time)
-            notifications, flip the flag;
+            deliveries, flip the flag;
             with a lease, claim one
             subscriber's share and read it
 claim       one ``WITH``: ``UPDATE ...        MariaDB: lock, update, read in
@@ -44,9 +44,9 @@ from django.db import connections, transaction
 from ..subscribers import WILDCARD, DeliveryContext
 from .db import Dialect, dialect, reissued_on_deadlock
 from .lifecycle import CLAIMABLE, UNFINISHED, State
-from .models import Notification, OutboxEvent, Subscription
+from .models import Delivery, OutboxEvent, Subscription
 
-N = Notification._meta.db_table
+N = Delivery._meta.db_table
 E = OutboxEvent._meta.db_table
 S = Subscription._meta.db_table
 
@@ -87,12 +87,12 @@ class FannedOut:
     Attributes:
         scanned: the ids of the events it took, in id order (keyset paging
             goes on after the last; fewer than the limit: none is left).
-        fanned_out: how many of them it marked fanned out (``delivered``):
-            those with a notification of an active subscription. The others
+        fanned_out: how many of them it marked fanned out (``fanned_out``):
+            those with a delivery of an active subscription. The others
             (their only subscription was retired as the step ran) stay
-            undelivered.
+            awaiting fan-out.
         contexts: the rows claimed for the lease's subscriber, in
-            notification id order.
+            delivery id order.
     """
 
     scanned: list[uuid.UUID]
@@ -160,24 +160,24 @@ class Gateway:
         now: datetime.datetime,
         lease: Lease | None = None,
     ) -> FannedOut:
-        """Turn up to ``limit`` undelivered events of ``types`` (``None``:
-        every type; ids after ``after``, oldest first) into one notification
+        """Turn up to ``limit`` events awaiting fan-out of ``types`` (``None``:
+        every type; ids after ``after``, oldest first) into one delivery
         per active subscription of their type (:class:`~outbox_app.store.models.
         Subscription`, read by the same statement or transaction, so a
         subscription recorded before an event committed is never missed), due
-        at ``now``, and flip the ``delivered`` flag of those that have a
-        notification. An event whose every subscription was retired since
-        ``types`` was read gets none and stays undelivered (it is counted as
+        at ``now``, and flip the ``fanned_out`` flag of those that have a
+        delivery. An event whose every subscription was retired since
+        ``types`` was read gets none and waits for fan-out (it is counted as
         waiting for fan-out, and a subscription recorded later receives it).
 
         Events another relay is fanning out right now are skipped, never
         waited for (``SKIP LOCKED``): a relay frozen inside fan-out holds its
         own batch and nothing else. Ordered delivery does not depend on the
-        order notifications appear in (the claim waits for an aggregate's
+        order deliveries appear in (the claim waits for an aggregate's
         earlier events that are not fanned out yet), so skipping is safe.
         An existing ``(event, subscriber)`` pair is left alone.
 
-        With ``lease``, fan-out and claim are one step: the notifications of
+        With ``lease``, fan-out and claim are one step: the deliveries of
         ``lease.name`` (an unordered subscriber) are created RUNNING, leased
         as :meth:`claim` leases them, and returned ready to deliver, event
         payload included; the others are PENDING. One statement on
@@ -217,7 +217,7 @@ class Gateway:
             if not claiming:
                 return FannedOut(ids, flipped, [])
             contexts = [_context(d, row[2:]) for row in found if row[2] is not None]
-            contexts.sort(key=lambda c: c.notification_id)
+            contexts.sort(key=lambda c: c.delivery_id)
             return FannedOut(ids, flipped, contexts)
         find, lock, insert, flip, read = text
         with transaction.atomic(using=self.using), self._cursor() as cursor:
@@ -256,7 +256,7 @@ class Gateway:
         event_types: frozenset[str] | None = None,
         max_bytes: int = UNBOUNDED,
     ) -> tuple[uuid.UUID, list[DeliveryContext]]:
-        """Lease up to ``limit`` due notifications stored under ``names`` and
+        """Lease up to ``limit`` due deliveries stored under ``names`` and
         read what delivering them needs, event payload included: the first
         rows in claim order whose payloads add up to at most ``max_bytes``
         bytes, and always the first row (a payload larger than the budget
@@ -267,13 +267,13 @@ class Gateway:
         relay holds are skipped (``FOR UPDATE SKIP LOCKED``). Due means PENDING,
         or FAILED whose retry time has come, or RUNNING whose lease ran out.
         ``ordered`` claims each aggregate's head only: a row with no earlier
-        unfinished notification of its (subscriber, aggregate), and no earlier
+        unfinished delivery of its (subscriber, aggregate), and no earlier
         event of its aggregate and of ``event_types`` still waiting for
         fan-out; earlier means a lower ``position`` (publish order, numbered
         by the database on insert: a total order).
 
         Returns:
-            ``(lease token, contexts in notification id order)``.
+            ``(lease token, contexts in delivery id order)``.
         """
         d = self.dialect
         token = uuid.uuid4()
@@ -356,7 +356,7 @@ class Gateway:
     def fail(
         self,
         token: uuid.UUID,
-        notification_id: int,
+        delivery_id: int,
         *,
         error: str,
         error_type: str,
@@ -380,7 +380,7 @@ class Gateway:
             None if expire else d.datetime_param(retry_at),
             stamp if expire else None,
             stamp,
-            notification_id,
+            delivery_id,
             d.uuid_param(token),
         ]
         with self._cursor() as cursor:
@@ -436,7 +436,7 @@ class Gateway:
 
 def _context(d: Dialect, row: tuple) -> DeliveryContext:
     (
-        notification_id,
+        delivery_id,
         attempts,
         subscriber,
         event_id,
@@ -471,7 +471,7 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         occurred_at=d.datetime_value(occurred_at),
         attempt=attempts,
         subscriber=subscriber,
-        notification_id=notification_id,
+        delivery_id=delivery_id,
         deliver_at=d.datetime_value(deliver_at),
         expires_at=d.datetime_value(expires_at),
         operation=operation,
@@ -497,8 +497,8 @@ class _Statements:
         self.n, self.e, self.s = q(N), q(E), q(S)
         self.claimable = _states(CLAIMABLE)
         self.unfinished = _states(UNFINISHED)
-        # The partial index spells it NOT "delivered" (SQLite matches the text).
-        self.undelivered = "NOT e.delivered"
+        # The partial index spells it NOT "fanned_out" (SQLite matches the text).
+        self.awaiting_fanout = "NOT e.fanned_out"
         self.fail = (
             f"UPDATE {self.n} SET state = %s, last_error = %s, last_error_type = %s, "
             "last_traceback = %s, first_failed_at = COALESCE(first_failed_at, %s), "
@@ -516,8 +516,8 @@ class _Statements:
         )
 
     def _read(self, where: str) -> str:
-        """Claimed notifications (``c``) with the event columns a delivery
-        reads, in notification id order."""
+        """Claimed deliveries (``c``) with the event columns a delivery
+        reads, in delivery id order."""
         columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
         return (
             f"SELECT c.id, c.attempts, c.subscriber, {columns} FROM {self.n} c "
@@ -529,11 +529,11 @@ class _Statements:
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
         """PostgreSQL: one statement returning one row per event taken (its
-        id, whether it was flipped, then the claimed notification's columns or
+        id, whether it was flipped, then the claimed delivery's columns or
         NULLs). Elsewhere:
         ``(find, lock or None, insert(count), flip(count), read(count))``."""
         d, n, e = self.d, self.n, self.e
-        where = [self.undelivered, "e.event_type IS NOT NULL"]
+        where = [self.awaiting_fanout, "e.event_type IS NOT NULL"]
         if type_count is not None:
             where.append(f"e.event_type IN ({', '.join(['%s'] * type_count)})")
         if paged:
@@ -568,7 +568,7 @@ class _Statements:
             # What the claim may hold: the first events within its budget.
             select = self._within_budget(select, batch_columns, "id")
         # (name, event type or * for every type[, claimed 1/0]) per active
-        # subscription, read where the notifications are written.
+        # subscription, read where the deliveries are written.
         claimed = (
             ", CASE WHEN subscriber = %s THEN 1 ELSE 0 END AS claimed"
             if claiming
@@ -620,7 +620,7 @@ class _Statements:
             )
             statement = (
                 f"WITH b AS ({select}), s AS ({pairs}), "
-                f"flipped AS (UPDATE {e} SET delivered = TRUE "
+                f"flipped AS (UPDATE {e} SET fanned_out = TRUE "
                 f"WHERE id = ANY(ARRAY(SELECT b.id FROM b JOIN s ON {join})) "
                 f"RETURNING id), {created} "
             )
@@ -649,11 +649,11 @@ class _Statements:
 
         @functools.cache
         def flip(count: int) -> str:
-            # Only the events that have a notification now: one whose every
-            # subscription was retired before the insert read them stays
-            # undelivered.
+            # Only the events that have a delivery now: one whose every
+            # subscription was retired before the insert read them keeps
+            # waiting for fan-out.
             return (
-                f"UPDATE {e} SET delivered = 1 WHERE {d.in_list('id', count)} "
+                f"UPDATE {e} SET fanned_out = 1 WHERE {d.in_list('id', count)} "
                 f"AND EXISTS (SELECT 1 FROM {n} x WHERE x.event_id = {e}.id)"
             )
 
@@ -730,7 +730,7 @@ class _Statements:
                 f"AND {earlier.format(x='u')}{fence})"
             )
             waiting = [
-                self.undelivered,
+                self.awaiting_fanout,
                 "e.event_type IS NOT NULL",
                 "e.aggregate_type = c.aggregate_type",
                 "e.aggregate_id = c.aggregate_id",

@@ -1,4 +1,4 @@
-"""The notification state machine's states and the groups the queries use.
+"""The delivery state machine's states and the groups the queries use.
 
 ::
 

@@ -1,8 +1,8 @@
-"""The outbox table and the notifications table.
+"""The outbox table and the deliveries table.
 
-``OutboxEvent`` is one published event with its envelope (Ekbatan's
-``eventlog.events``, seed 000). ``Notification`` is one delivery of one event to
-one subscriber, and carries the delivery state machine::
+``OutboxEvent`` is one published event with its envelope. ``Delivery`` is one
+delivery of one event to one subscriber, and carries the delivery state
+machine::
 
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
@@ -25,8 +25,8 @@ from .db import FilteredIndex
 from .lifecycle import CLAIMABLE, UNFINISHED, InboxState, State
 from .querysets import (
     ConsumerSubscriptionQuerySet,
+    DeliveryQuerySet,
     InboxMessageQuerySet,
-    NotificationQuerySet,
     OutboxEventQuerySet,
     SubscriberPauseQuerySet,
     SubscriptionQuerySet,
@@ -103,11 +103,11 @@ class OutboxEvent(models.Model):
         editable=False,
         help_text=_("Length of the payload's JSON text, in bytes (UTF-8)."),
     )
-    delivered = models.BooleanField(
+    fanned_out = models.BooleanField(
         _("fanned out"),
         help_text=_(
-            "Its notifications exist (one per subscriber); whether each was "
-            "delivered is the notification's state. Written False on insert."
+            "Its deliveries exist (one per subscriber); whether each was "
+            "delivered is the delivery's state. Written False on insert."
         ),
     )
 
@@ -124,30 +124,30 @@ class OutboxEvent(models.Model):
             ),
         ]
         indexes = [
-            # Fan-out scans undelivered events of subscribed types, oldest
+            # Fan-out scans events awaiting fan-out of subscribed types, oldest
             # first: in id order, so a batch (which starts after the previous
             # one's last id, fanout.py) reads only the entries it takes.
             FilteredIndex(
                 fields=["id", "event_type"],
-                name="outbox_event_undelivered",
-                when=Q(delivered=False),
-                fallback_prefix=["delivered"],
+                name="outbox_event_fanout",
+                when=Q(fanned_out=False),
+                fallback_prefix=["fanned_out"],
             ),
             # Ordered claims: does an aggregate have an earlier event still
             # waiting for fan-out (gateway.py)? Only waiting rows are indexed.
             FilteredIndex(
                 fields=["aggregate_type", "aggregate_id", "position"],
-                name="outbox_event_undelivered_agg",
-                when=Q(delivered=False),
-                fallback_prefix=["delivered"],
+                name="outbox_event_fanout_agg",
+                when=Q(fanned_out=False),
+                fallback_prefix=["fanned_out"],
             ),
             models.Index(fields=["action_id"], name="outbox_event_action"),
             models.Index(fields=["tenant_id", "id"], name="outbox_event_tenant"),
             models.Index(fields=["created_at"], name="outbox_event_created"),
         ]
 
-    #: The fields a notification copies from its event at fan-out
-    #: (NotificationQuerySet.create_for); ``id`` becomes its ``event_id``.
+    #: The fields a delivery copies from its event at fan-out
+    #: (DeliveryQuerySet.create_for); ``id`` becomes its ``event_id``.
     DELIVERY_FIELDS = (
         "id",
         "event_type",
@@ -168,7 +168,7 @@ class OutboxEvent(models.Model):
         return self.event_type is None
 
 
-class Notification(models.Model):
+class Delivery(models.Model):
     """One delivery of one outbox event to one subscriber.
 
     ``next_retry_at`` is when the row is next claimable: now for a new row (its
@@ -184,7 +184,7 @@ class Notification(models.Model):
     event = models.ForeignKey(
         OutboxEvent,
         on_delete=models.CASCADE,
-        related_name="notifications",
+        related_name="deliveries",
         db_index=False,  # the (event, subscriber) unique constraint leads with it
     )
     subscriber = models.CharField(max_length=150)
@@ -223,15 +223,15 @@ class Notification(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
-    objects = NotificationQuerySet.as_manager()
+    objects = DeliveryQuerySet.as_manager()
 
     class Meta:
-        verbose_name = _("notification")
-        verbose_name_plural = _("notifications")
+        verbose_name = _("delivery")
+        verbose_name_plural = _("deliveries")
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["event", "subscriber"], name="outbox_notification_uniq"
+                fields=["event", "subscriber"], name="outbox_delivery_uniq"
             ),
         ]
         indexes = [
@@ -240,7 +240,7 @@ class Notification(models.Model):
             # whatever the backlog and however stale the table's statistics.
             FilteredIndex(
                 fields=["subscriber", "next_retry_at", "id"],
-                name="outbox_notification_due",
+                name="outbox_delivery_due",
                 when=Q(state__in=CLAIMABLE),
                 fallback_prefix=["state"],
             ),
@@ -248,15 +248,15 @@ class Notification(models.Model):
             # publish order.
             FilteredIndex(
                 fields=["subscriber", "aggregate_type", "aggregate_id", "position"],
-                name="outbox_notification_order",
+                name="outbox_delivery_order",
                 when=Q(state__in=UNFINISHED),
                 fallback_prefix=[],
             ),
-            models.Index(fields=["state", "subscriber"], name="outbox_notif_state"),
-            models.Index(fields=["completed_at"], name="outbox_notif_completed"),
+            models.Index(fields=["state", "subscriber"], name="outbox_delivery_state"),
+            models.Index(fields=["completed_at"], name="outbox_delivery_completed"),
         ]
         permissions = [
-            ("requeue_notification", _("Can requeue, retry and expire notifications")),
+            ("requeue_delivery", _("Can requeue, retry and expire deliveries")),
         ]
 
     def __str__(self) -> str:
@@ -295,7 +295,7 @@ class SubscriberPause(models.Model):
 
 class Subscription(models.Model):
     """One subscriber's subscription to one event type, as relays recorded it
-    (``delivery/fanout.py``): fan-out creates a notification for every active
+    (``delivery/fanout.py``): fan-out creates a delivery for every active
     subscription of an event's type, whichever relay runs it, so a subscriber
     one relay has reaches every relay during a rolling deploy. A relay
     delivers only to the subscribers it has. NServiceBus's subscription
@@ -305,7 +305,7 @@ class Subscription(models.Model):
     --record``), refreshed while a relay has them (``last_seen_at``), and
     retired only by an operator (``outbox_subscribers --retire``, the admin
     action) or by a rename (a subscriber's ``aliases``); a retired row gets
-    no new notifications until it is reactivated.
+    no new deliveries until it is reactivated.
     """
 
     subscriber = models.CharField(max_length=150)
@@ -479,7 +479,7 @@ class ConsumerSubscription(models.Model):
         return self.retired_at is None and self.last_seen_at >= served_since(now)
 
 
-class OutboxOverview(Notification):
+class OutboxOverview(Delivery):
     """Puts the outbox overview on the admin index (``admin.OverviewAdmin``):
     a reusable app reaches the index only through a registered model."""
 
@@ -487,4 +487,17 @@ class OutboxOverview(Notification):
         proxy = True
         verbose_name = _("overview")
         verbose_name_plural = _("overview")
+        default_permissions = ()
+
+
+class Notification(Delivery):
+    """The former name of :class:`Delivery`, kept as a proxy so that admin
+    addresses under ``/admin/outbox_app/notification/`` (bookmarks, links in
+    alerts) redirect to the same page under ``delivery/``
+    (``admin.LegacyNotificationAdmin``), and ``Notification.objects`` still
+    reads the deliveries table. It has no permissions and no admin page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("delivery (former name)")
         default_permissions = ()

@@ -40,18 +40,18 @@ class OutboxEventQuerySet(QuerySet):
         """Rows recording an action that published nothing."""
         return self.filter(event_type__isnull=True)
 
-    def undelivered(self) -> OutboxEventQuerySet:
+    def awaiting_fanout(self) -> OutboxEventQuerySet:
         """Events not fanned out yet (sentinels excluded)."""
-        return self.filter(delivered=False, event_type__isnull=False)
+        return self.filter(fanned_out=False, event_type__isnull=False)
 
 
-class NotificationQuerySet(QuerySet):
+class DeliveryQuerySet(QuerySet):
     # --- predicates -------------------------------------------------------------
 
-    def for_subscribers(self, names: Iterable[str]) -> NotificationQuerySet:
+    def for_subscribers(self, names: Iterable[str]) -> DeliveryQuerySet:
         return self.filter(subscriber__in=list(names))
 
-    def due(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
+    def due(self, now: datetime.datetime | None = None) -> DeliveryQuerySet:
         """Rows a claim may take at ``now`` (default: the database's clock,
         :func:`~outbox_app.store.clock.database_now`): PENDING or FAILED whose retry
         time has come, and RUNNING rows whose lease ran out."""
@@ -59,7 +59,7 @@ class NotificationQuerySet(QuerySet):
             state__in=CLAIMABLE, next_retry_at__lte=now or database_now(self.db)
         )
 
-    def scheduled(self, now: datetime.datetime | None = None) -> NotificationQuerySet:
+    def scheduled(self, now: datetime.datetime | None = None) -> DeliveryQuerySet:
         """Rows scheduled for later: PENDING, their event's ``deliver_at``
         still ahead of ``now`` (default: the database's clock). Waiting on
         purpose: not lag."""
@@ -92,7 +92,7 @@ class NotificationQuerySet(QuerySet):
     def create_for(
         self, events: QuerySet, subscriber: str, now: datetime.datetime
     ) -> int:
-        """Create a PENDING notification to ``subscriber``, due at ``now`` (a
+        """Create a PENDING delivery to ``subscriber``, due at ``now`` (a
         scheduled event's at its ``deliver_at``), for each event of ``events``
         that has none yet: one ``INSERT ... SELECT``.
 
@@ -263,7 +263,7 @@ class SubscriptionQuerySet(QuerySet):
 
     def unserved(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows no relay refreshed within :data:`SERVED_SECONDS`: their
-        notifications wait for a relay that has the subscriber."""
+        deliveries wait for a relay that has the subscriber."""
         return self.active().filter(last_seen_at__lt=served_since(now, self.db))
 
     def record(
@@ -330,7 +330,7 @@ class SubscriptionQuerySet(QuerySet):
             )
 
     def retire(self, by: str, now: datetime.datetime | None = None) -> int:
-        """Retire these rows: fan-out creates no new notification for them.
+        """Retire these rows: fan-out creates no new delivery for them.
         Returns rows retired."""
         return self.active().update(
             retired_at=now or database_now(self.db), retired_by=by

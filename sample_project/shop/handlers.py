@@ -17,7 +17,7 @@ REVIEW_THRESHOLD = Decimal(900)
 
 class PaymentFlagged(Exception):
     """A business rule rejected the payment: retrying cannot help, so the
-    notification expires at once (the dead letter an operator may requeue)."""
+    delivery expires at once (the dead letter an operator may requeue)."""
 
 
 @handler(OrderPlaced, name="shop.send_confirmation")

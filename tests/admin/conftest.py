@@ -27,7 +27,7 @@ def admin_user(django_user_model) -> User:
 def viewer_client() -> Client:
     """A staff user who may look at the outbox but not requeue."""
     client = Client()
-    client.force_login(_staff("viewer", "view_notification", "view_outboxevent"))
+    client.force_login(_staff("viewer", "view_delivery", "view_outboxevent"))
     return client
 
 
@@ -38,9 +38,9 @@ def operator_client() -> Client:
     client.force_login(
         _staff(
             "operator",
-            "view_notification",
+            "view_delivery",
             "view_outboxevent",
-            "requeue_notification",
+            "requeue_delivery",
         )
     )
     return client

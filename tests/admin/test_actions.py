@@ -10,15 +10,15 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import reverse
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent
+from outbox_app import Delivery, OutboxEvent
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification
+from tests.ops.factories import delivery, events
 
 pytestmark = pytest.mark.django_db
 
-NOTIFICATIONS = reverse("admin:outbox_app_notification_changelist")
+DELIVERIES = reverse("admin:outbox_app_delivery_changelist")
 EVENTS = reverse("admin:outbox_app_outboxevent_changelist")
-REQUEUE_MATCHING = reverse("admin:outbox_app_notification_requeue_matching")
+REQUEUE_MATCHING = reverse("admin:outbox_app_delivery_requeue_matching")
 
 
 def run_action(client, url, action, rows, **extra):
@@ -43,21 +43,18 @@ def reload(*rows):
 def rows():
     event = events(1)[0]
     return {
-        state: notification(event, f"sub-{state.lower()}", state)
+        state: delivery(event, f"sub-{state.lower()}", state)
         for state in (State.PENDING, State.FAILED, State.EXPIRED, State.SUCCEEDED)
     }
 
 
 def test_requeue_selected__failed_and_expired_become_pending(admin_client, rows):
     before = timezone.now()
-    response = run_action(
-        admin_client, NOTIFICATIONS, "requeue_selected", rows.values()
-    )
+    response = run_action(admin_client, DELIVERIES, "requeue_selected", rows.values())
 
     assert response.status_code == 200
     assert messages_of(response) == [
-        "2 notifications were requeued. "
-        "2 selected notifications were left as they were."
+        "2 deliveries were requeued. 2 selected deliveries were left as they were."
     ]
     failed, expired, pending, succeeded = reload(
         rows[State.FAILED],
@@ -75,9 +72,9 @@ def test_requeue_selected__failed_and_expired_become_pending(admin_client, rows)
 
 
 def test_requeue_selected__logs_one_entry_per_requeued_row(admin_client, rows):
-    run_action(admin_client, NOTIFICATIONS, "requeue_selected", rows.values())
+    run_action(admin_client, DELIVERIES, "requeue_selected", rows.values())
     entries = LogEntry.objects.filter(
-        content_type=ContentType.objects.get_for_model(Notification)
+        content_type=ContentType.objects.get_for_model(Delivery)
     )
     assert sorted(int(e.object_id) for e in entries) == sorted(
         [rows[State.FAILED].pk, rows[State.EXPIRED].pk]
@@ -90,17 +87,17 @@ def test_requeue_selected__logs_one_entry_per_requeued_row(admin_client, rows):
 
 def test_requeue_selected__nothing_requeueable_is_a_warning(admin_client, rows):
     response = run_action(
-        admin_client, NOTIFICATIONS, "requeue_selected", [rows[State.PENDING]]
+        admin_client, DELIVERIES, "requeue_selected", [rows[State.PENDING]]
     )
     assert messages_of(response) == [
-        "Nothing was requeued: only failed or expired notifications can be."
+        "Nothing was requeued: only failed or expired deliveries can be."
     ]
     assert not LogEntry.objects.exists()
 
 
 def test_retry_now__failed_rows_due_now_attempts_kept(admin_client, rows):
-    response = run_action(admin_client, NOTIFICATIONS, "retry_now", rows.values())
-    assert messages_of(response)[0].startswith("1 failed notification is due now.")
+    response = run_action(admin_client, DELIVERIES, "retry_now", rows.values())
+    assert messages_of(response)[0].startswith("1 failed delivery is due now.")
     (failed, expired) = reload(rows[State.FAILED], rows[State.EXPIRED])
     assert failed.state == State.FAILED
     assert failed.attempts == 3
@@ -110,8 +107,8 @@ def test_retry_now__failed_rows_due_now_attempts_kept(admin_client, rows):
 
 
 def test_mark_expired__pending_and_failed_stop(admin_client, rows):
-    response = run_action(admin_client, NOTIFICATIONS, "mark_expired", rows.values())
-    assert messages_of(response)[0].startswith("2 notifications were marked expired.")
+    response = run_action(admin_client, DELIVERIES, "mark_expired", rows.values())
+    assert messages_of(response)[0].startswith("2 deliveries were marked expired.")
     pending, failed, succeeded = reload(
         rows[State.PENDING], rows[State.FAILED], rows[State.SUCCEEDED]
     )
@@ -121,8 +118,8 @@ def test_mark_expired__pending_and_failed_stop(admin_client, rows):
 
 
 def test_skip_selected__failed_and_expired_are_given_up(admin_client, rows):
-    response = run_action(admin_client, NOTIFICATIONS, "skip_selected", rows.values())
-    assert messages_of(response)[0].startswith("2 notifications were skipped.")
+    response = run_action(admin_client, DELIVERIES, "skip_selected", rows.values())
+    assert messages_of(response)[0].startswith("2 deliveries were skipped.")
     failed, expired, pending = reload(
         rows[State.FAILED], rows[State.EXPIRED], rows[State.PENDING]
     )
@@ -134,49 +131,49 @@ def test_skip_selected__failed_and_expired_are_given_up(admin_client, rows):
 
 def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client):
     event_rows = events(3)
-    expired = [notification(e, "a", State.EXPIRED) for e in event_rows]
-    other = notification(event_rows[0], "b", State.EXPIRED)
+    expired = [delivery(e, "a", State.EXPIRED) for e in event_rows]
+    other = delivery(event_rows[0], "b", State.EXPIRED)
     response = run_action(
         admin_client,
-        f"{NOTIFICATIONS}?subscriber__exact=a",
+        f"{DELIVERIES}?subscriber__exact=a",
         "requeue_selected",
         expired[:1],
         select_across="1",
     )
-    assert messages_of(response) == ["3 notifications were requeued."]
+    assert messages_of(response) == ["3 deliveries were requeued."]
     assert {r.state for r in reload(*expired)} == {State.PENDING}
     assert reload(other)[0].state == State.EXPIRED
     entry = LogEntry.objects.get()
     assert entry.object_id is None
-    assert entry.object_repr == "3 notifications (subscriber__exact=a)"
+    assert entry.object_repr == "3 deliveries (subscriber__exact=a)"
 
 
 def test_requeue_matching__confirms_then_requeues_only_the_filter(operator_client):
     event_rows = events(3)
-    matching = [notification(e, "a", State.EXPIRED) for e in event_rows]
-    failed = notification(event_rows[0], "b", State.FAILED)
+    matching = [delivery(e, "a", State.EXPIRED) for e in event_rows]
+    failed = delivery(event_rows[0], "b", State.FAILED)
     query = "?state__exact=EXPIRED&subscriber__exact=a"
 
     page = operator_client.get(REQUEUE_MATCHING + query)
     assert page.status_code == 200
     assert page.context["requeueable"] == 3
-    assert b"3 failed or expired notifications match" in page.content
+    assert b"3 failed or expired deliveries match" in page.content
     assert {r.state for r in reload(*matching)} == {
         State.EXPIRED
     }  # GET changes nothing
 
     response = operator_client.post(REQUEUE_MATCHING + query)
     assert response.status_code == 302
-    assert response["Location"] == NOTIFICATIONS + query
+    assert response["Location"] == DELIVERIES + query
     assert {r.state for r in reload(*matching)} == {State.PENDING}
     assert reload(failed)[0].state == State.FAILED
     entry = LogEntry.objects.get()
     assert entry.user.username == "operator"
-    assert entry.object_repr.startswith("3 notifications (")
+    assert entry.object_repr.startswith("3 deliveries (")
 
 
 def test_requeue_matching__the_changelist_links_to_it_with_its_filter(operator_client):
-    response = operator_client.get(NOTIFICATIONS + "?state__exact=EXPIRED")
+    response = operator_client.get(DELIVERIES + "?state__exact=EXPIRED")
     assert (
         f'href="{REQUEUE_MATCHING}?state__exact=EXPIRED"'.encode() in response.content
     )
@@ -185,7 +182,7 @@ def test_requeue_matching__the_changelist_links_to_it_with_its_filter(operator_c
 def test_requeue_matching__unknown_filter_goes_back(admin_client):
     response = admin_client.get(REQUEUE_MATCHING + "?nonsense__exact=1")
     assert response.status_code == 302
-    assert response["Location"] == NOTIFICATIONS
+    assert response["Location"] == DELIVERIES
 
 
 # --- outbox events ----------------------------------------------------------------
@@ -193,9 +190,9 @@ def test_requeue_matching__unknown_filter_goes_back(admin_client):
 
 def test_requeue_deliveries__of_the_selected_events(admin_client):
     first, second = events(2)
-    a = notification(first, "a", State.EXPIRED)
-    b = notification(first, "b", State.FAILED)
-    c = notification(second, "a", State.EXPIRED)
+    a = delivery(first, "a", State.EXPIRED)
+    b = delivery(first, "b", State.FAILED)
+    c = delivery(second, "a", State.EXPIRED)
     response = run_action(admin_client, EVENTS, "requeue_deliveries", [first])
     assert messages_of(response) == ["2 deliveries were requeued."]
     assert [r.state for r in reload(a, b, c)] == [
@@ -210,13 +207,13 @@ def test_requeue_deliveries__of_the_selected_events(admin_client):
 
 def test_replay__intermediate_page_then_replays(admin_client, replay_target):
     fresh, done = events(2)
-    succeeded = notification(done, replay_target, State.SUCCEEDED)
+    succeeded = delivery(done, replay_target, State.SUCCEEDED)
 
     page = run_action(admin_client, EVENTS, "replay_to_subscriber", [fresh, done])
     assert page.status_code == 200
     assert page.templates[0].name == "admin/outbox_app/outboxevent/replay.html"
     assert replay_target.encode() in page.content
-    assert not Notification.objects.filter(event=fresh).exists()
+    assert not Delivery.objects.filter(event=fresh).exists()
 
     response = run_action(
         admin_client,
@@ -229,7 +226,7 @@ def test_replay__intermediate_page_then_replays(admin_client, replay_target):
     assert messages_of(response) == [
         "2 deliveries to late.handler are due now (1 new, 1 reset, 0 skipped)."
     ]
-    created = Notification.objects.get(event=fresh)
+    created = Delivery.objects.get(event=fresh)
     assert (created.subscriber, created.state) == (replay_target, State.PENDING)
     assert reload(succeeded)[0].state == State.PENDING
     assert LogEntry.objects.count() == 2
@@ -245,7 +242,7 @@ def test_replay__an_invalid_choice_shows_the_form_again(admin_client, replay_tar
     )
     assert page.status_code == 200
     assert "subscriber" in page.context["form"].errors
-    assert not Notification.objects.exists()
+    assert not Delivery.objects.exists()
 
 
 def test_replay__without_subscribers_says_so(admin_client, monkeypatch):
@@ -263,7 +260,7 @@ def test_replay__without_subscribers_says_so(admin_client, monkeypatch):
 
 
 def test_viewer__sees_no_actions(viewer_client, rows):
-    page = viewer_client.get(NOTIFICATIONS)
+    page = viewer_client.get(DELIVERIES)
     assert page.status_code == 200
     assert b"requeue_selected" not in page.content
     assert REQUEUE_MATCHING.encode() not in page.content
@@ -274,9 +271,9 @@ def test_viewer__sees_no_actions(viewer_client, rows):
 def test_viewer__cannot_run_actions(viewer_client, rows, replay_target):
     event = rows[State.EXPIRED].event
     for url, action, selection in [
-        (NOTIFICATIONS, "requeue_selected", rows.values()),
-        (NOTIFICATIONS, "retry_now", rows.values()),
-        (NOTIFICATIONS, "mark_expired", rows.values()),
+        (DELIVERIES, "requeue_selected", rows.values()),
+        (DELIVERIES, "retry_now", rows.values()),
+        (DELIVERIES, "mark_expired", rows.values()),
         (EVENTS, "requeue_deliveries", [event]),
     ]:
         response = run_action(viewer_client, url, action, selection)
@@ -299,9 +296,9 @@ def test_viewer__cannot_run_actions(viewer_client, rows, replay_target):
 
 def test_operator__may_run_actions(operator_client, rows):
     response = run_action(
-        operator_client, NOTIFICATIONS, "requeue_selected", [rows[State.EXPIRED]]
+        operator_client, DELIVERIES, "requeue_selected", [rows[State.EXPIRED]]
     )
-    assert messages_of(response) == ["1 notification was requeued."]
+    assert messages_of(response) == ["1 delivery was requeued."]
 
 
 def test_non_staff__is_sent_to_the_login_page(client, django_user_model):
@@ -331,7 +328,7 @@ def subscription(name: str, seconds_ago: float):
 def test_subscriptions__listed_filtered_retired_and_reactivated(admin_client):
     gone = subscription("gone", 3600)
     running = subscription("running", 0)
-    waiting = notification(events(1)[0], "gone", State.PENDING)
+    waiting = delivery(events(1)[0], "gone", State.PENDING)
 
     page = admin_client.get(SUBSCRIPTIONS, {"served": "unserved"})
     assert page.status_code == 200
@@ -341,12 +338,12 @@ def test_subscriptions__listed_filtered_retired_and_reactivated(admin_client):
         admin_client, SUBSCRIPTIONS, "retire_skipping_waiting", [gone]
     )
     assert messages_of(response) == [
-        "1 subscription was retired; 1 waiting notification was skipped."
+        "1 subscription was retired; 1 waiting delivery was skipped."
     ]
     assert reload(gone)[0].retired_by == "admin: admin"
     assert reload(waiting)[0].state == State.SKIPPED
     entry = LogEntry.objects.get(object_id=str(gone.pk))
-    assert entry.change_message == "Retired; its waiting notifications skipped."
+    assert entry.change_message == "Retired; its waiting deliveries skipped."
 
     response = run_action(
         admin_client, SUBSCRIPTIONS, "retire_keeping_waiting", [running]
@@ -362,7 +359,7 @@ def test_subscriptions__listed_filtered_retired_and_reactivated(admin_client):
 
 
 def change_url(row) -> str:
-    return reverse("admin:outbox_app_notification_change", args=[row.pk])
+    return reverse("admin:outbox_app_delivery_change", args=[row.pk])
 
 
 def buttons_on(client, row) -> list[str]:
@@ -386,13 +383,13 @@ def test_detail_page__offers_the_transitions_of_its_state(admin_client, rows):
 
 def test_detail_page__requeue_then_the_error_is_history(admin_client, rows):
     row = rows[State.EXPIRED]
-    Notification.objects.filter(pk=row.pk).update(last_error="boom: refused")
+    Delivery.objects.filter(pk=row.pk).update(last_error="boom: refused")
     page = admin_client.get(change_url(row)).content.decode()
     assert "Last error" in page and "Previous attempt" not in page
-    url = reverse("admin:outbox_app_notification_transition", args=[row.pk, "requeue"])
+    url = reverse("admin:outbox_app_delivery_transition", args=[row.pk, "requeue"])
     response = admin_client.post(url, {ACTION_CHECKBOX_NAME: row.pk}, follow=True)
     assert response.redirect_chain[-1][0] == change_url(row)
-    assert messages_of(response) == ["1 notification was requeued."]
+    assert messages_of(response) == ["1 delivery was requeued."]
     [row] = reload(row)
     assert (row.state, row.attempts) == (State.PENDING, 0)
     page = response.content.decode()
@@ -410,10 +407,10 @@ def test_detail_page__transitions_need_the_permission_and_a_post(
 ):
     row = rows[State.FAILED]
     assert buttons_on(viewer_client, row) == []
-    url = reverse("admin:outbox_app_notification_transition", args=[row.pk, "skip"])
+    url = reverse("admin:outbox_app_delivery_transition", args=[row.pk, "skip"])
     assert viewer_client.post(url, {ACTION_CHECKBOX_NAME: row.pk}).status_code == 403
     assert admin_client.get(url).status_code == 405
-    bad = reverse("admin:outbox_app_notification_transition", args=[row.pk, "nuke"])
+    bad = reverse("admin:outbox_app_delivery_transition", args=[row.pk, "nuke"])
     assert admin_client.post(bad).status_code == 404
     assert reload(row)[0].state == State.FAILED
     assert not LogEntry.objects.exists()

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.store.lifecycle import State
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -21,7 +21,7 @@ SUBSCRIBERS = 100  # x 1,000 events: (event, subscriber) is unique
 
 
 def insert_expired_rows() -> None:
-    """ROWS expired notifications: SUBSCRIBERS x the events, made in SQL (one
+    """ROWS expired deliveries: SUBSCRIBERS x the events, made in SQL (one
     INSERT ... SELECT per subscriber, one UPDATE)."""
     with transaction.atomic():
         publish(
@@ -32,8 +32,8 @@ def insert_expired_rows() -> None:
         )
     now = timezone.now()
     for s in range(SUBSCRIBERS):
-        Notification.objects.create_for(OutboxEvent.objects.all(), f"sub-{s:03}", now)
-    Notification.objects.update(
+        Delivery.objects.create_for(OutboxEvent.objects.all(), f"sub-{s:03}", now)
+    Delivery.objects.update(
         state=State.EXPIRED,
         attempts=10,
         completed_at=now,
@@ -55,23 +55,23 @@ def peak_bytes(fn) -> int:
 def test_requeue_matching__100k_rows_in_bounded_memory(admin_client):
     insert_expired_rows()
     # One more row outside the filter, which must stay expired.
-    outside = Notification.objects.filter(subscriber="sub-000").first()
-    Notification.objects.filter(pk=outside.pk).update(last_error_type="builtins.Other")
-    assert Notification.objects.filter(state=State.EXPIRED).count() == ROWS
+    outside = Delivery.objects.filter(subscriber="sub-000").first()
+    Delivery.objects.filter(pk=outside.pk).update(last_error_type="builtins.Other")
+    assert Delivery.objects.filter(state=State.EXPIRED).count() == ROWS
 
     # What holding every matching row would cost, extrapolated from 5,000.
     sample = 5_000
-    per_row = peak_bytes(lambda: list(Notification.objects.all()[:sample])) / sample
+    per_row = peak_bytes(lambda: list(Delivery.objects.all()[:sample])) / sample
     loading_all = per_row * ROWS
 
-    url = reverse("admin:outbox_app_notification_requeue_matching")
+    url = reverse("admin:outbox_app_delivery_requeue_matching")
     query = "?state__exact=EXPIRED&last_error_type__exact=builtins.ConnectionError"
     responses = []
     peak = peak_bytes(lambda: responses.append(admin_client.post(url + query)))
 
     assert responses[0].status_code == 302
-    assert Notification.objects.filter(state=State.PENDING).count() == ROWS - 1
-    assert Notification.objects.get(pk=outside.pk).state == State.EXPIRED
+    assert Delivery.objects.filter(state=State.PENDING).count() == ROWS - 1
+    assert Delivery.objects.get(pk=outside.pk).state == State.EXPIRED
     # Bounded: one batch of ids at a time, not the rows.
     assert loading_all > 50 * 1024 * 1024, loading_all  # the sample is meaningful
     assert peak < loading_all / 10, (peak, loading_all)

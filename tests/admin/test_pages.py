@@ -13,13 +13,13 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, outbox_action
+from outbox_app import Delivery, OutboxEvent, outbox_action
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification, subscribed
+from tests.ops.factories import delivery, events, subscribed
 
 pytestmark = pytest.mark.django_db
 
-NOTIFICATIONS = reverse("admin:outbox_app_notification_changelist")
+DELIVERIES = reverse("admin:outbox_app_delivery_changelist")
 EVENTS = reverse("admin:outbox_app_outboxevent_changelist")
 OVERVIEW = reverse("admin:outbox_app_overview")
 OVERVIEW_JSON = reverse("admin:outbox_app_overview_json")
@@ -30,8 +30,8 @@ def event_page(event) -> str:
     return reverse("admin:outbox_app_outboxevent_change", args=[event.pk])
 
 
-def notification_page(row) -> str:
-    return reverse("admin:outbox_app_notification_change", args=[row.pk])
+def delivery_page(row) -> str:
+    return reverse("admin:outbox_app_delivery_change", args=[row.pk])
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def hostile():
         headers={"correlation_id": XSS},
         aggregate=("shop.Order", XSS),
     )
-    row = notification(
+    row = delivery(
         event,
         "ops.record",
         State.EXPIRED,
@@ -76,23 +76,23 @@ def test_xss__event_detail_escapes_payload_headers_and_inline_errors(
     assert '<pre class="outbox-json">{\n  &quot;nested&quot;: {' in text  # pretty
 
 
-def test_xss__notification_list_and_detail_escape_the_error(admin_client, hostile):
+def test_xss__delivery_list_and_detail_escape_the_error(admin_client, hostile):
     _, row = hostile
-    for url in (NOTIFICATIONS, notification_page(row), EVENTS):
+    for url in (DELIVERIES, delivery_page(row), EVENTS):
         page = admin_client.get(url)
         assert page.status_code == 200
         assert_escaped(page.content)
-    detail = admin_client.get(notification_page(row)).content.decode()
+    detail = admin_client.get(delivery_page(row)).content.decode()
     assert "Traceback (most recent call last):" in detail  # the full traceback
     assert '<pre class="outbox-text">ValueError: &lt;script&gt;' in detail
 
 
 def test_event_list__columns_and_delivery_summary(admin_client):
     (event,) = events(1, aggregate=("shop.Order", 7), aggregate_version=3)
-    notification(event, "a", State.SUCCEEDED)
-    notification(event, "b", State.SUCCEEDED)
-    notification(event, "c", State.FAILED)
-    notification(event, "d", State.EXPIRED)
+    delivery(event, "a", State.SUCCEEDED)
+    delivery(event, "b", State.SUCCEEDED)
+    delivery(event, "c", State.FAILED)
+    delivery(event, "d", State.EXPIRED)
     page = admin_client.get(EVENTS)
     text = page.content.decode()
     assert "shop.Order:7 v3" in text
@@ -102,14 +102,14 @@ def test_event_list__columns_and_delivery_summary(admin_client):
     assert re.sub(r"<[^>]+>", "", summary.group(1)) == "2 / 1 / 1"
 
 
-def test_notification_list__states_stand_out_next_attempt_only_when_due(
+def test_delivery_list__states_stand_out_next_attempt_only_when_due(
     admin_client,
 ):
     (event,) = events(1)
-    done = notification(event, "a", State.SUCCEEDED)
-    expired = notification(event, "b", State.EXPIRED)
-    failed = notification(event, "c", State.FAILED)
-    text = admin_client.get(NOTIFICATIONS).content.decode()
+    done = delivery(event, "a", State.SUCCEEDED)
+    expired = delivery(event, "b", State.EXPIRED)
+    failed = delivery(event, "c", State.FAILED)
+    text = admin_client.get(DELIVERIES).content.decode()
     assert "outbox-state-expired" in text and "● expired" in text
     assert "outbox-state-failed" in text
 
@@ -140,7 +140,7 @@ def test_event_list__the_fanned_out_column_says_so(admin_client):
         "event_type__exact=OrderPlaced",
         "aggregate_type__exact=shop.Order",
         "tenant_id__exact=t1",
-        "delivered__exact=0",
+        "fanned_out__exact=0",
         "occurred_at__gte=2000-01-01+00:00:00%2B00:00",
     ],
 )
@@ -150,7 +150,7 @@ def test_event_list__filters(admin_client, query):
     page = admin_client.get(f"{EVENTS}?{query}")
     assert page.status_code == 200
     assert str(event.pk) in page.content.decode()
-    if "occurred" not in query and "delivered" not in query:
+    if "occurred" not in query and "fanned_out" not in query:
         assert page.context["cl"].result_count == 1
 
 
@@ -182,26 +182,26 @@ def test_event_list__search_by_ids(admin_client):
         "next_retry_at__gte=2000-01-01+00:00:00%2B00:00",
     ],
 )
-def test_notification_list__filters(admin_client, query):
+def test_delivery_list__filters(admin_client, query):
     event = events(1)[0]
-    expired = notification(event, "a", State.EXPIRED)
-    notification(event, "b", State.SUCCEEDED, next_retry_at=timezone.now())
-    page = admin_client.get(f"{NOTIFICATIONS}?{query}")
+    expired = delivery(event, "a", State.EXPIRED)
+    delivery(event, "b", State.SUCCEEDED, next_retry_at=timezone.now())
+    page = admin_client.get(f"{DELIVERIES}?{query}")
     assert page.status_code == 200
     assert expired in page.context["cl"].result_list
 
 
-def test_notification_list__search(admin_client):
+def test_delivery_list__search(admin_client):
     first, second = events(2, aggregate=("shop.Order", "B-2"))
-    a = notification(first, "a", State.EXPIRED, last_error="socket timed out")
-    b = notification(second, "a", State.PENDING)
+    a = delivery(first, "a", State.EXPIRED, last_error="socket timed out")
+    b = delivery(second, "a", State.PENDING)
     for term, expected in [
         (str(a.pk), {a.pk}),
         (str(second.pk), {b.pk}),
         ("B-2", {a.pk, b.pk}),
         ("timed out", {a.pk}),
     ]:
-        page = admin_client.get(NOTIFICATIONS, {"q": term})
+        page = admin_client.get(DELIVERIES, {"q": term})
         assert {r.pk for r in page.context["cl"].result_list} == expected, term
 
 
@@ -210,24 +210,21 @@ def test_read_only__no_add_change_or_delete(admin_client, hostile):
     assert (
         admin_client.get(reverse("admin:outbox_app_outboxevent_add")).status_code == 403
     )
-    assert (
-        admin_client.get(reverse("admin:outbox_app_notification_add")).status_code
-        == 403
-    )
-    for url in (event_page(event), notification_page(row)):
+    assert admin_client.get(reverse("admin:outbox_app_delivery_add")).status_code == 403
+    for url in (event_page(event), delivery_page(row)):
         assert admin_client.post(url, {"state": "PENDING"}).status_code == 403
     for name, pk in [
         ("admin:outbox_app_outboxevent_delete", event.pk),
-        ("admin:outbox_app_notification_delete", row.pk),
+        ("admin:outbox_app_delivery_delete", row.pk),
     ]:
         assert (
             admin_client.post(reverse(name, args=[pk]), {"post": "yes"}).status_code
             == 403
         )
     assert b"delete_selected" not in admin_client.get(EVENTS).content
-    assert b"delete_selected" not in admin_client.get(NOTIFICATIONS).content
+    assert b"delete_selected" not in admin_client.get(DELIVERIES).content
     assert OutboxEvent.objects.count() == 1
-    assert Notification.objects.get().state == State.EXPIRED
+    assert Delivery.objects.get().state == State.EXPIRED
 
 
 # --- overview -------------------------------------------------------------------------
@@ -238,14 +235,14 @@ def busy():
     first, second = events(2)
     now = timezone.now()
     for minutes in (1, 1, 5, 90):
-        notification(
+        delivery(
             first,
-            f"done-{minutes}-{now.timestamp()}-{Notification.objects.count()}",
+            f"done-{minutes}-{now.timestamp()}-{Delivery.objects.count()}",
             State.SUCCEEDED,
             completed_at=now - datetime.timedelta(minutes=minutes),
         )
-    notification(second, "ops.record", State.EXPIRED)
-    notification(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=3))
+    delivery(second, "ops.record", State.EXPIRED)
+    delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=3))
 
 
 def test_overview__page(admin_client, busy):
@@ -337,7 +334,7 @@ def test_overview__json(admin_client, busy):
 
 
 def test_overview__links(admin_client):
-    for url in (NOTIFICATIONS, EVENTS):
+    for url in (DELIVERIES, EVENTS):
         page = admin_client.get(url)
         assert f'href="{OVERVIEW}"'.encode() in page.content, url
 
@@ -375,7 +372,7 @@ def test_overview__listed_on_the_admin_index(admin_client, viewer_client):
 
 
 def test_overview__its_first_addresses_redirect(admin_client):
-    old = reverse("admin:outbox_app_notification_changelist")
+    old = reverse("admin:outbox_app_delivery_changelist")
     assert admin_client.get(old + "overview/")["Location"] == OVERVIEW
     assert admin_client.get(old + "overview.json")["Location"] == OVERVIEW_JSON
 
@@ -391,3 +388,16 @@ def test_overview__the_chart_scales_to_recent_activity(admin_client, busy):
     assert "3 deliveries in 1 h" in text  # the one 90 minutes ago is outside
     text = admin_client.get(OVERVIEW + "?hours=7").content.decode()
     assert "last 6 hours" in text  # not a range: the automatic one
+
+
+def test_former_addresses_redirect_to_the_delivery_pages(admin_client):
+    """Bookmarks from before the model was named Delivery still land."""
+    for old, new in [
+        ("/admin/outbox_app/notification/", "/admin/outbox_app/delivery/"),
+        (
+            "/admin/outbox_app/notification/12/change/?_changelist_filters=x",
+            "/admin/outbox_app/delivery/12/change/?_changelist_filters=x",
+        ),
+    ]:
+        response = admin_client.get(old)
+        assert (response.status_code, response["Location"]) == (301, new)

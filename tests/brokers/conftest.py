@@ -248,7 +248,7 @@ def context(
         ),
         "attempt": 1,
         "subscriber": "broker",
-        "notification_id": number,
+        "delivery_id": number,
     }
     values.update(fields)
     return DeliveryContext(**values)

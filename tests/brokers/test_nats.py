@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.exceptions import (
     MessageRejected,
     MessageUnroutable,
@@ -503,12 +503,12 @@ def options(url: str, unique: str, **extra) -> dict:
 
 
 def delivered(relay: Watched, count: int) -> None:
-    """Wait until ``count`` notifications are SUCCEEDED, then stop ``relay``
+    """Wait until ``count`` deliveries are SUCCEEDED, then stop ``relay``
     (SIGTERM): it must exit cleanly."""
     try:
         wait_for(
             lambda: (
-                Notification.objects.filter(state=State.SUCCEEDED).count() == count
+                Delivery.objects.filter(state=State.SUCCEEDED).count() == count
                 or relay.process.poll() is not None
             ),
             60,
@@ -533,7 +533,7 @@ def test_a_relay_process_stores_every_committed_event_once(jetstream, nats_url, 
     assert [m.headers["Nats-Msg-Id"] for m in stored] == [
         f"tests:bus:{i}" for i in event_ids(stored)
     ]
-    assert set(Notification.objects.values_list("state", "attempts")) == {
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.SUCCEEDED, 1)
     }
 
@@ -568,7 +568,7 @@ def test_sigkill_between_publish_and_mark__a_second_relay_stores_nothing_twice(
     finally:
         code = killed.stop()
     assert code == -signal.SIGKILL, killed.text()[-3000:]
-    assert not Notification.objects.filter(state=State.SUCCEEDED).exists()
+    assert not Delivery.objects.filter(state=State.SUCCEEDED).exists()
     first = event_ids(jetstream.messages(unique))
     assert len(first) in (8, 16)  # stored, never marked
 
@@ -576,7 +576,7 @@ def test_sigkill_between_publish_and_mark__a_second_relay_stores_nothing_twice(
     stored = event_ids(jetstream.messages(unique))
     assert sorted(stored) == sorted(str(r.id) for r in rows)  # once each
     assert stored[: len(first)] == first
-    resent = Notification.objects.filter(attempts=2).count()
+    resent = Delivery.objects.filter(attempts=2).count()
     assert resent >= len(first)  # sent twice, stored once
 
 
@@ -593,7 +593,7 @@ def test_outage__paused_no_attempt_spent_then_resumed_nothing_lost(
     report = relay_once(kind="publisher")
 
     assert (report.succeeded, report.failed, report.released) == (0, 0, 5)
-    assert set(Notification.objects.values_list("state", "attempts")) == {
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.PENDING, 0)
     }
     pause = SubscriberPause.objects.paused().get()
@@ -610,6 +610,6 @@ def test_outage__paused_no_attempt_spent_then_resumed_nothing_lost(
     assert sorted(event_ids(jetstream.messages(unique))) == sorted(
         str(r.id) for r in rows
     )
-    assert set(Notification.objects.values_list("state", "attempts")) == {
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.SUCCEEDED, 1)
     }

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.models import SubscriberPause
 from outbox_app.relay import deliver, relay_once
 from outbox_app.relay.registry import close_publishers
@@ -96,9 +96,7 @@ def test_committed_events_reach_the_broker_in_aggregate_order(
         seen[event["subject"]].append(event["data"]["position"])
     for aggregate_id, positions in seen.items():
         assert positions == sorted(positions), aggregate_id
-    assert set(Notification.objects.values_list("state", flat=True)) == {
-        State.SUCCEEDED
-    }
+    assert set(Delivery.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
 
 
 @pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
@@ -121,17 +119,17 @@ def test_a_message_the_broker_can_never_take_expires_alone_and_nothing_pauses(
     report = relay_once(kind="publisher")
     delivered = broker.drain(queue)
     assert not SubscriberPause.objects.exists()  # never paused
-    notification = Notification.objects.get(event_id=odd.id)
+    delivery = Delivery.objects.get(event_id=odd.id)
     if broker.amqp:
         assert (report.succeeded, report.expired, report.released) == (6, 1, 0)
-        assert (notification.state, notification.attempts) == (State.EXPIRED, 1)
-        assert "'type' is 400 bytes" in notification.last_error
-        assert notification.last_error_type == (
+        assert (delivery.state, delivery.attempts) == (State.EXPIRED, 1)
+        assert "'type' is 400 bytes" in delivery.last_error
+        assert delivery.last_error_type == (
             "outbox_app.exceptions.UndeliverableMessage"
         )
     else:
         assert (report.succeeded, report.expired) == (7, 0)
-        assert notification.state == State.SUCCEEDED
+        assert delivery.state == State.SUCCEEDED
         rows.append(odd)
     assert sorted(m.properties["message_id"] for m in delivered) == sorted(
         str(r.id) for r in rows
@@ -151,7 +149,7 @@ def test_broker_outage__paused_no_attempt_spent_then_delivered(
     report = relay_once(kind="publisher")
     assert (report.succeeded, report.failed, report.released) == (0, 0, 5)
     # Handed back: due, no attempt counted.
-    assert set(Notification.objects.values_list("state", "attempts")) == {
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.PENDING, 0)
     }
     pause = SubscriberPause.objects.paused().get()
@@ -168,7 +166,7 @@ def test_broker_outage__paused_no_attempt_spent_then_delivered(
     assert not SubscriberPause.objects.paused().exists()
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert sorted(ids) == sorted(str(r.id) for r in rows)
-    assert set(Notification.objects.values_list("state", "attempts")) == {
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.SUCCEEDED, 1)
     }
     assert any("publisher resumed" in r.getMessage() for r in caplog.records)
@@ -189,7 +187,7 @@ def test_a_ten_minute_outage_expires_nothing(rabbitmq, proxy, settings, unique):
         now = start + datetime.timedelta(seconds=step)
         report = relay_once(kind="publisher", now=now)
         assert report.succeeded == report.failed == report.expired == 0
-    rows = Notification.objects.all()
+    rows = Delivery.objects.all()
     assert rows.count() == len(published) == 120
     assert not rows.filter(state=State.EXPIRED).exists()
     assert set(rows.values_list("attempts", flat=True)) == {0}
@@ -224,7 +222,7 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
     try:
         wait_for(
             lambda: (
-                Notification.objects.filter(state=State.RUNNING).exists()
+                Delivery.objects.filter(state=State.RUNNING).exists()
                 or relay.process.poll() is not None
             ),
             60,
@@ -235,7 +233,7 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
         proxy.thaw()
     # The batch being sent, and on PostgreSQL and MariaDB the next one, claimed
     # ahead and never sent.
-    assert Notification.objects.filter(state=State.RUNNING).count() in (8, 16)
+    assert Delivery.objects.filter(state=State.RUNNING).count() in (8, 16)
     configure(settings, RABBITMQ_URL, unique)
     later = timezone.now() + datetime.timedelta(minutes=5)
     assert deliver(kind="publisher", now=later).succeeded == 20
@@ -279,10 +277,10 @@ def test_sigkill_at_every_point_of_the_confirm_window(
         code = relay.stop()
     assert code == -signal.SIGKILL, relay.text()[-3000:]
     first = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
-    done = Notification.objects.filter(state=State.SUCCEEDED)
+    done = Delivery.objects.filter(state=State.SUCCEEDED)
     assert {str(e) for e in done.values_list("event_id", flat=True)} <= set(first)
     marked = done.count()
-    in_flight = Notification.objects.filter(state=State.RUNNING).count()
+    in_flight = Delivery.objects.filter(state=State.RUNNING).count()
     configure(settings, RABBITMQ_URL, unique)
     later = timezone.now() + datetime.timedelta(minutes=5)
     assert deliver(kind="publisher", now=later).succeeded == 40 - marked
@@ -307,7 +305,7 @@ def test_two_relays_20000_events__none_twice_none_lost(rabbitmq, settings, uniqu
     relays = [publisher_relay(options, batch_size=500) for _ in range(2)]
     try:
         wait_for(
-            lambda: Notification.objects.filter(state=State.SUCCEEDED).count() == total,
+            lambda: Delivery.objects.filter(state=State.SUCCEEDED).count() == total,
             300,
             "two relays to deliver everything",
         )
@@ -317,7 +315,7 @@ def test_two_relays_20000_events__none_twice_none_lost(rabbitmq, settings, uniqu
     counts = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert len(counts) == total  # none twice
     assert len(set(counts)) == total  # none lost
-    assert not Notification.objects.filter(attempts__gt=1).exists()
+    assert not Delivery.objects.filter(attempts__gt=1).exists()
 
 
 def test_unroutable_rows_are_told_apart_for_requeue(rabbitmq, settings, unique):
@@ -333,10 +331,10 @@ def test_unroutable_rows_are_told_apart_for_requeue(rabbitmq, settings, unique):
     report = relay_once(kind="publisher")
     assert (report.succeeded, report.failed) == (4, 2)
     kind = "outbox_app.exceptions.MessageUnroutable"
-    failed = Notification.objects.filter(state=State.FAILED)
+    failed = Delivery.objects.filter(state=State.FAILED)
     assert set(failed.values_list("last_error_type", flat=True)) == {kind}
     out = StringIO()
     call_command(
         "outbox_requeue", "--subscriber", "bus", "--error-type", kind, stdout=out
     )
-    assert "Requeued 2 FAILED/EXPIRED notifications of bus." in out.getvalue()
+    assert "Requeued 2 FAILED/EXPIRED deliveries of bus." in out.getvalue()

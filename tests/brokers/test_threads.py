@@ -11,7 +11,7 @@ import pytest
 from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
 from tests.delivery.test_delivery import deliver, fan_out
@@ -55,6 +55,6 @@ def test_threads_relaying_one_publisher_credit_each_confirm_once(
     assert not errors, errors
     assert sum(r.succeeded for r in reports) == total
     assert sum(r.failed + r.expired + r.lost for r in reports) == 0
-    assert Notification.objects.filter(state=State.SUCCEEDED).count() == total
+    assert Delivery.objects.filter(state=State.SUCCEEDED).count() == total
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert len(ids) == len(set(ids)) == total

@@ -1,4 +1,4 @@
-"""End to end, in a real browser: an operator requeues expired notifications in
+"""End to end, in a real browser: an operator requeues expired deliveries in
 the sample project's admin.
 
 Starts the sample project (``manage.py``, ``sample_project.settings``) on a fresh
@@ -41,7 +41,7 @@ SEED = f"""
 import datetime, math, random
 from decimal import Decimal
 from django.utils import timezone
-from outbox_app import Notification, OutboxEvent
+from outbox_app import Delivery, OutboxEvent
 from sample_project.shop.services import place_order
 
 random.seed(7)
@@ -49,7 +49,7 @@ now = timezone.now()
 for i in range(300):
     place_order(f"customer{{i}}@example.com", Decimal(10 + i % 90))
 events = list(OutboxEvent.objects.order_by("id"))
-OutboxEvent.objects.update(delivered=True)
+OutboxEvent.objects.update(fanned_out=True)
 subscribers = [{EMAIL_HANDLER!r}, "rabbitmq"]
 
 def minutes_ago():
@@ -62,7 +62,7 @@ def minutes_ago():
 rows = []
 for n, event in enumerate(events):
     for subscriber in subscribers:
-        row = Notification(
+        row = Delivery(
             event=event, subscriber=subscriber, event_type=event.event_type,
             aggregate_type=event.aggregate_type, aggregate_id=event.aggregate_id,
             state="SUCCEEDED", attempts=1, next_retry_at=now,
@@ -95,7 +95,7 @@ for n, event in enumerate(events):
         else:
             row.completed_at = now - datetime.timedelta(minutes=minutes_ago())
         rows.append(row)
-Notification.objects.bulk_create(rows)
+Delivery.objects.bulk_create(rows)
 # What the shop's own consumer (manage.py consume) received: handled, one
 # failing and one parked.
 from outbox_app import InboxMessage
@@ -112,7 +112,7 @@ inbox[-1].last_error = "KeyError: 'order_id'"
 inbox[-2].state, inbox[-2].handled_at = "FAILED", None
 inbox[-2].next_retry_at = now + datetime.timedelta(seconds=20)
 InboxMessage.objects.bulk_create(inbox)
-print("seeded", len(events), "events,", len(rows), "notifications")
+print("seeded", len(events), "events,", len(rows), "deliveries")
 """
 
 
@@ -296,7 +296,7 @@ def test_overview_numbers_sit_under_their_headers(sample_site, browser):
     assert shown["shop.consumed"]["parked"] == "1"
 
 
-def test_operator_requeues_expired_notifications(sample_site, browser):
+def test_operator_requeues_expired_deliveries(sample_site, browser):
     from playwright.sync_api import expect
 
     sample_site, _ = sample_site
@@ -312,9 +312,9 @@ def test_operator_requeues_expired_notifications(sample_site, browser):
     expect(page.locator("#outbox-chart path.bars")).to_have_count(1)
     page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
 
-    # Open the expired notifications.
+    # Open the expired deliveries.
     page.goto(f"{sample_site}/admin/")
-    page.click("#content-main a:text-is('Notifications')")
+    page.click("#content-main a:text-is('Deliveries')")
     state_filter = page.locator("#changelist-filter details[data-filter-title='state']")
     state_filter.locator("a:text-is('expired')").click()
     rows = page.locator("#result_list tbody tr")
@@ -329,7 +329,7 @@ def test_operator_requeues_expired_notifications(sample_site, browser):
     page.screenshot(path=str(SCREENSHOTS / "admin-requeue.png"))
     page.click("button[name=index]")
     success = page.locator("ul.messagelist li.success")
-    expect(success).to_have_text("3 notifications were requeued.")
+    expect(success).to_have_text("3 deliveries were requeued.")
     expect(rows).to_have_count(0)  # none is expired any more
     page.screenshot(path=str(SCREENSHOTS / "admin-requeue-done.png"))
 
@@ -351,13 +351,13 @@ def test_operator_requeues_expired_notifications(sample_site, browser):
 
 
 def test_lists_fit_a_1400_px_screen(sample_site, browser):
-    """The events and notifications lists show every column without scrolling
+    """The events and deliveries lists show every column without scrolling
     sideways at 1400 px, ids on one line (full UUIDs wrapped over four lines
     and pushed the deliveries and error columns off screen)."""
     site, _ = sample_site
     page = log_in(browser, site, 1400)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for name in ("outboxevent", "notification"):
+    for name in ("outboxevent", "delivery"):
         page.goto(f"{site}/admin/outbox_app/{name}/?o=-1")
         scroll, width = page.evaluate(
             "() => { const r = document.querySelector('.results');"
@@ -369,15 +369,15 @@ def test_lists_fit_a_1400_px_screen(sample_site, browser):
     assert ids and all(len(text) == 9 for text in ids), ids[:3]
 
 
-def test_operator_requeues_from_a_notifications_page(sample_site, browser):
-    """A failed notification's page offers the transitions its state allows;
+def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
+    """A failed delivery's page offers the transitions its state allows;
     Requeue makes it pending and titles its error as the previous attempt's."""
     from playwright.sync_api import expect
 
     site, _ = sample_site
     page = log_in(browser, site, 1280)
     page.goto(
-        f"{site}/admin/outbox_app/notification/?state__exact=FAILED"
+        f"{site}/admin/outbox_app/delivery/?state__exact=FAILED"
         "&subscriber__exact=rabbitmq"
     )
     page.locator("#result_list tbody tr th a").first.click()
@@ -386,10 +386,10 @@ def test_operator_requeues_from_a_notifications_page(sample_site, browser):
     headings = page.locator("fieldset h2")
     expect(headings).to_have_text(["Aggregate", "Last error", "Lease"])
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "admin-notification-page.png"))
+    page.screenshot(path=str(SCREENSHOTS / "admin-delivery-page.png"))
     page.locator(".object-tools button:text-is('Requeue')").click()
     expect(page.locator("ul.messagelist li.success")).to_have_text(
-        "1 notification was requeued."
+        "1 delivery was requeued."
     )
     expect(page.locator(".field-state_label .readonly")).to_have_text("● pending")
     expect(headings).to_have_text(

@@ -10,7 +10,7 @@ PostgreSQL connector reads with ``pgoutput``):
 - every published event is one INSERT carrying every column; an action's
   sentinel is an INSERT with a NULL ``event_type`` (a connector filters it);
 - fan-out, delivery, requeue and replay write no INSERT and no DELETE on the
-  outbox table, only one UPDATE per event that flips ``delivered`` (an outbox
+  outbox table, only one UPDATE per event that flips ``fanned_out`` (an outbox
   router ignores updates);
 - purge's DELETEs are the only deletes, of the rows it purged.
 
@@ -31,7 +31,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, outbox_action, publish
+from outbox_app import Delivery, OutboxEvent, outbox_action, publish
 from outbox_app.ops.operations import replay_to, requeue_matching
 from outbox_app.ops.purge import purge
 from outbox_app.relay import relay_once
@@ -221,7 +221,7 @@ def test_each_published_event_is_one_insert_with_every_column(wal):
     for change in changes:
         # Every column, with the value the table holds (delivered: false).
         assert change.row == wal.row_as_text(change.id)
-        assert change.row["delivered"] == "false"
+        assert change.row["fanned_out"] == "false"
     inserted = {change.id: change.row for change in changes}
     a = inserted[rows["a"].id]
     assert (a["event_type"], a["aggregate_type"], a["aggregate_id"]) == (
@@ -247,12 +247,12 @@ def test_fan_out_delivery_requeue_and_replay_only_flip_delivered(wal, handlers):
     handlers("broken")  # fails every time: FAILED, then requeued
 
     relay_once()  # fan-out, then delivery to record_a, record_b and broken
-    assert Notification.objects.filter(subscriber="broken").expire() == 3
-    assert requeue_matching(Notification.objects.all()) == 3
+    assert Delivery.objects.filter(subscriber="broken").expire() == 3
+    assert requeue_matching(Delivery.objects.all()) == 3
     relay_once()  # the requeued deliveries fail again
     assert replay_to(OutboxEvent.objects.all(), "record_a").reset == 3
     relay_once()  # the replayed ones succeed again
-    assert Notification.objects.filter(subscriber="record_a").count() == 3
+    assert Delivery.objects.filter(subscriber="record_a").count() == 3
 
     changes = wal.changes()
     assert {change.op for change in changes} == {"UPDATE"}, changes
@@ -261,10 +261,10 @@ def test_fan_out_delivery_requeue_and_replay_only_flip_delivered(wal, handlers):
     # same row with delivered flipped, nothing else changed.
     assert sorted(change.id for change in changes) == sorted(fanned_out)
     for change in changes:
-        assert change.row == {**inserted[change.id], "delivered": "true"}
+        assert change.row == {**inserted[change.id], "fanned_out": "true"}
     # An event nobody subscribes to and the sentinel are not touched.
     assert not OutboxEvent.objects.filter(
-        id__in=[rows["unsubscribed"].id, rows["sentinel"].id], delivered=True
+        id__in=[rows["unsubscribed"].id, rows["sentinel"].id], fanned_out=True
     ).exists()
 
 

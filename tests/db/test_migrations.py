@@ -18,44 +18,42 @@ def test_makemigrations_check__no_changes():
 @pytest.mark.django_db
 def test_indexes_fit_the_database():
     with connection.cursor() as cursor:
-        due = connection.introspection.get_constraints(
-            cursor, "outbox_app_notification"
-        )["outbox_notification_due"]
-        undelivered = connection.introspection.get_constraints(
+        due = connection.introspection.get_constraints(cursor, "outbox_app_delivery")[
+            "outbox_delivery_due"
+        ]
+        awaiting = connection.introspection.get_constraints(
             cursor, "outbox_app_outboxevent"
-        )["outbox_event_undelivered"]
+        )["outbox_event_fanout"]
     # In the order claims and fan-out read them, so a batch reads only the
     # index entries it takes (migration 0002).
     if connection.features.supports_partial_indexes:
         assert due["columns"] == ["subscriber", "next_retry_at", "id"]
-        assert undelivered["columns"] == ["id", "event_type"]
+        assert awaiting["columns"] == ["id", "event_type"]
     else:
         # Django drops conditions on MySQL/MariaDB: a composite index instead.
         assert due["columns"] == ["state", "subscriber", "next_retry_at", "id"]
-        assert undelivered["columns"] == ["delivered", "id", "event_type"]
+        assert awaiting["columns"] == ["fanned_out", "id", "event_type"]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_positions_and_sizes_are_filled_in_id_order_for_existing_rows():
     """Migration 0010 on a table with events: they are numbered in id order
     (the order ordered subscribers followed for unversioned events), their
-    payload sizes measured, both copied onto their notifications; an event
+    payload sizes measured, both copied onto their deliveries; an event
     inserted afterwards gets the next position."""
     import datetime
     import uuid
 
     from django.db.migrations.executor import MigrationExecutor
 
-    before, after = (
-        ("outbox_app", "0009_inbox_source_and_consumers"),
-        ("outbox_app", "0010_event_position_and_size"),
-    )
+    before = ("outbox_app", "0009_inbox_source_and_consumers")
     executor = MigrationExecutor(connection)
+    after = executor.loader.graph.leaf_nodes("outbox_app")
     executor.migrate([before])
     try:
         old = executor.loader.project_state([before]).apps
         events = old.get_model("outbox_app", "OutboxEvent")
-        deliveries = old.get_model("outbox_app", "Notification")
+        deliveries = old.get_model("outbox_app", "Notification")  # its name then
         now = datetime.datetime.now(datetime.UTC)
         ids = [uuid.UUID(int=n) for n in (3, 1, 2)]  # inserted out of id order
         for n, event_id in enumerate(ids):
@@ -72,8 +70,8 @@ def test_positions_and_sizes_are_filled_in_id_order_for_existing_rows():
             )
     finally:
         executor = MigrationExecutor(connection)
-        executor.migrate([after])
-    from outbox_app.models import Notification, OutboxEvent
+        executor.migrate(after)
+    from outbox_app.models import Delivery, OutboxEvent
 
     rows = OutboxEvent.objects.order_by("position")
     assert [r.id for r in rows] == sorted(ids)
@@ -82,7 +80,7 @@ def test_positions_and_sizes_are_filled_in_id_order_for_existing_rows():
     sizes = {r.id: r.payload_bytes for r in rows}
     assert sizes[ids[0]] == len(b'{"position": ""}')
     assert sizes[ids[2]] == sizes[ids[0]] + 2
-    for note in Notification.objects.all():
+    for note in Delivery.objects.all():
         event = OutboxEvent.objects.get(id=note.event_id)
         assert (note.position, note.payload_bytes) == (
             event.position,
@@ -91,3 +89,62 @@ def test_positions_and_sizes_are_filled_in_id_order_for_existing_rows():
     with transaction.atomic():
         (new,) = publish({"event_type": "Step", "payload": {}})
     assert OutboxEvent.objects.get(id=new.id).position == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_renames_keep_rows_grants_and_indexes():
+    """Migration 0011 (Notification -> Delivery, delivered -> fanned_out),
+    run by ``migrate`` backwards and forwards over stored rows: every row and
+    value stays, a group granted ``requeue_notification`` holds
+    ``requeue_delivery``, and the renamed unique constraint still refuses a
+    second delivery of one event to one subscriber."""
+    import datetime
+    import uuid
+
+    from django.contrib.auth.models import Group, Permission
+    from django.db import IntegrityError
+
+    from outbox_app.models import Delivery, OutboxEvent
+
+    now = datetime.datetime.now(datetime.UTC)
+    event = OutboxEvent.objects.create(
+        id=uuid.UUID(int=7),
+        namespace="test",
+        event_type="Step",
+        payload={},
+        occurred_at=now,
+        fanned_out=True,
+    )
+    waiting = OutboxEvent.objects.create(
+        id=uuid.UUID(int=8),
+        namespace="test",
+        event_type="Step",
+        payload={},
+        occurred_at=now,
+        fanned_out=False,
+    )
+    row = Delivery.objects.create(
+        event=event, subscriber="s", event_type="Step", next_retry_at=now, attempts=3
+    )
+    operators = Group.objects.create(name="operators")
+    operators.permissions.add(Permission.objects.get(codename="requeue_delivery"))
+
+    out = StringIO()
+    call_command("migrate", "outbox_app", "0010", stdout=out)
+    with connection.cursor() as cursor:
+        tables = connection.introspection.table_names(cursor)
+    assert "outbox_app_notification" in tables and "outbox_app_delivery" not in tables
+    assert operators.permissions.get().codename == "requeue_notification"
+    call_command("migrate", "outbox_app", stdout=out)
+
+    assert operators.permissions.get().codename == "requeue_delivery"
+    kept = Delivery.objects.get()
+    assert (kept.id, kept.event_id, kept.attempts) == (row.id, event.id, 3)
+    assert list(OutboxEvent.objects.awaiting_fanout()) == [waiting]
+    with connection.cursor() as cursor:
+        names = connection.introspection.get_constraints(cursor, "outbox_app_delivery")
+    assert {"outbox_delivery_uniq", "outbox_delivery_due"} <= set(names)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Delivery.objects.create(
+            event=event, subscriber="s", event_type="Step", next_retry_at=now
+        )

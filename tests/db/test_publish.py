@@ -48,7 +48,7 @@ def test_publish__commits_with_the_callers_writes(wakeups):
     )
     assert stored.payload == {"order_id": order.pk, "total": "9.99"}
     assert stored.namespace == "tests"
-    assert stored.delivered is False
+    assert stored.fanned_out is False
     assert wakeups == ["default"]
 
 
@@ -302,7 +302,7 @@ def test_outbox_action__that_publishes_nothing_leaves_one_sentinel(wakeups):
     assert (sentinel.action_id, sentinel.action_name) == (action_id, "WalletDeposit")
     assert sentinel.action_params == {"amount": "10.00"}
     # Sentinels are not work for the relay.
-    assert not OutboxEvent.objects.undelivered().exists()
+    assert not OutboxEvent.objects.awaiting_fanout().exists()
     assert wakeups == []
 
 

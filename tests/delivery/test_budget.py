@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.relay import fan_out
 from outbox_app.relay.batch import Batch, Fold
 from outbox_app.relay.fanout import subscribed_types
@@ -52,7 +52,7 @@ def test_publish_stores_the_payload_size():
 def test_a_claim_takes_the_prefix_within_the_budget(budget):
     events = [e.id for e in blobs(1012, 1012, 1012, 1012, 1012)]
     fan_out(subscribers=[PLAIN])
-    assert Notification.objects.filter(subscriber="bytes").count() == 5
+    assert Delivery.objects.filter(subscriber="bytes").count() == 5
     assert claim(PLAIN) == events[:2]
     assert claim(PLAIN) == events[2:4]
     assert claim(PLAIN) == events[4:]
@@ -78,7 +78,7 @@ def test_fan_out_folded_into_a_claim_stays_within_the_budget(budget):
     fold = Fold(subscribed_types([PLAIN]))
     assert claim(PLAIN, fold) == events[:2]
     # The third is left for the next step, not fanned out meanwhile.
-    assert OutboxEvent.objects.undelivered().count() == 1
+    assert OutboxEvent.objects.awaiting_fanout().count() == 1
     assert claim(PLAIN, fold) == events[2:]
 
 

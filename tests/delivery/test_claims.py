@@ -9,7 +9,7 @@ from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.relay import fan_out
 from outbox_app.store.gateway import Gateway
 from outbox_app.subscribers import Handler
@@ -22,13 +22,13 @@ UNORDERED = Handler(name="any", event_types=frozenset({"Step"}))
 
 
 def held(row_id: int):
-    """Lock one notification row in another connection until released."""
+    """Lock one delivery row in another connection until released."""
     locked, release = threading.Event(), threading.Event()
 
     def hold():
         try:
             with transaction.atomic():
-                list(Notification.objects.select_for_update().filter(id=row_id))
+                list(Delivery.objects.select_for_update().filter(id=row_id))
                 locked.set()
                 release.wait(30)
         finally:
@@ -46,9 +46,9 @@ def test_a_locked_head_is_skipped_and_does_not_promote_the_next_row():
         for position in range(3):
             publish(Step(position=position), aggregate=("shop.Cart", "1"))
     fan_out(subscribers=[ORDERED, UNORDERED])
-    rows = Notification.objects.for_subscribers(["ord"]).order_by("event_id")
+    rows = Delivery.objects.for_subscribers(["ord"]).order_by("event_id")
     head = rows.first()
-    unordered_head = Notification.objects.filter(subscriber="any").order_by("id")[0]
+    unordered_head = Delivery.objects.filter(subscriber="any").order_by("id")[0]
 
     def claim(subscriber):
         _, contexts = Gateway().claim(
@@ -60,7 +60,7 @@ def test_a_locked_head_is_skipped_and_does_not_promote_the_next_row():
             ordered=subscriber.ordered,
             event_types=subscriber.event_types,
         )
-        return [c.notification_id for c in contexts]
+        return [c.delivery_id for c in contexts]
 
     release, thread = held(head.id)
     release_other, other = held(unordered_head.id)
@@ -105,7 +105,7 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
     explain = "EXPLAIN QUERY PLAN" if vendor == "sqlite" else "EXPLAIN"
     with connection.cursor() as cursor:
         if vendor == "mysql":  # statistics of these rows, not earlier tests'
-            for model in (Notification, OutboxEvent):
+            for model in (Delivery, OutboxEvent):
                 cursor.execute(f"ANALYZE TABLE {model._meta.db_table}")
                 cursor.fetchall()
         cursor.execute(f"{explain} {candidates}", ["ord", now, "Step", 500, 2**40, 1])

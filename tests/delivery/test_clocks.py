@@ -20,7 +20,7 @@ from django.db import transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.models import Subscription
 from outbox_app.ops.purge import cutoff_for
 from outbox_app.relay import deliver, fan_out, relay_once
@@ -220,7 +220,7 @@ def test_a_relay_ahead_takes_over_no_lease_that_has_not_run_out(skew, registered
     skew(90)  # past the 60 s lease by this host's clock
     assert deliver([get("clock.runs")]).claimed == 0
     assert runs == []
-    rows = Notification.objects.all()
+    rows = Delivery.objects.all()
     assert set(rows.values_list("locked_by", flat=True)) == {"elsewhere:1"}
     assert all(near(r.locked_until - datetime.timedelta(seconds=60)) for r in rows)
 
@@ -236,10 +236,10 @@ def test_a_relay_behind_writes_leases_by_the_databases_clock(skew, registered):
     fan_out()
     batch = Batch.claim(get("clock.behind"), "default", 10, None, "behind:1")
     assert len(batch) == 2
-    for row in Notification.objects.all():
+    for row in Delivery.objects.all():
         assert near(row.locked_until - datetime.timedelta(seconds=60))
         assert near(row.created_at)
-    assert Notification.objects.due().count() == 0  # nobody else may take them
+    assert Delivery.objects.due().count() == 0  # nobody else may take them
 
 
 @skewed_databases
@@ -273,9 +273,9 @@ def test_what_a_skewed_relay_stores_is_by_the_databases_clock(
     skew(seconds)
     report = relay_once()
     assert (report.succeeded, report.failed) == (1, 1)
-    done = Notification.objects.get(state=State.SUCCEEDED)
+    done = Delivery.objects.get(state=State.SUCCEEDED)
     assert near(done.completed_at) and near(done.updated_at)
-    failed = Notification.objects.get(state=State.FAILED)
+    failed = Delivery.objects.get(state=State.FAILED)
     assert near(failed.first_failed_at)
     retry = (failed.next_retry_at - failed.first_failed_at).total_seconds()
     assert 0 <= retry <= 1.5  # OUTBOX_RETRY_BASE_SECONDS' first backoff
@@ -291,7 +291,7 @@ def test_operator_actions_on_a_skewed_host_use_the_databases_clock(skew, seconds
 
     place(3)
     fan_out(subscribers=[Handler(name="clock.op", event_types=None)])
-    rows = Notification.objects.all()
+    rows = Delivery.objects.all()
     rows.update(state=State.FAILED, next_retry_at=true_now() + MINUTE)
     skew(seconds)
     assert rows.retry_now() == 3

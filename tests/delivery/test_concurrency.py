@@ -11,7 +11,7 @@ import pytest
 from django.db import connections, transaction
 from django.test import skipUnlessDBFeature
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.models import Subscription
 from outbox_app.relay.batch import Batch
 from outbox_app.relay.fanout import fan_out
@@ -45,7 +45,7 @@ def test_ordered_claims_side_by_side_never_fail(registered):
             while time.monotonic() < deadline:
                 batch = Batch.claim(subscriber, "default", 20, None, f"w:{number}")
                 batch.gateway.succeed(
-                    batch.token, [c.notification_id for c in batch.contexts], batch.now
+                    batch.token, [c.delivery_id for c in batch.contexts], batch.now
                 )
         except BaseException as exc:
             errors.append(exc)
@@ -58,7 +58,7 @@ def test_ordered_claims_side_by_side_never_fail(registered):
     for thread in threads:
         thread.join(300)
     assert not errors, errors
-    assert Notification.objects.filter(state=State.SUCCEEDED).exists()
+    assert Delivery.objects.filter(state=State.SUCCEEDED).exists()
 
 
 @pytest.mark.only_database("postgresql", "mysql")  # SQLite: one writer, no deadlock

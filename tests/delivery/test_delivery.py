@@ -15,7 +15,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.conf import outbox_settings
 from outbox_app.relay import RelayReport, deliver, fan_out, relay_once
 from outbox_app.relay.batch import Batch
@@ -54,10 +54,8 @@ def test_happy_path__every_committed_event_reaches_each_handler_once(handlers):
     assert set(SideEffect.objects.values_list("event_id", flat=True)) == {
         e.id for e in events
     }
-    assert not OutboxEvent.objects.undelivered().exists()
-    assert set(Notification.objects.values_list("state", flat=True)) == {
-        State.SUCCEEDED
-    }
+    assert not OutboxEvent.objects.awaiting_fanout().exists()
+    assert set(Delivery.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
     # Nothing is delivered twice.
     assert relay_once().claimed == 0
     assert SideEffect.objects.count() == 40
@@ -111,7 +109,7 @@ def test_failing_handler__failed_retried_expired_requeued(registered, settings):
     fan_out()
     # A seeded jitter: the first retry waits 0.32 of its 1 s ceiling, never ~0.
     assert deliver(rng=random.Random(7)).failed == 1
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert (row.state, row.attempts) == (State.FAILED, 1)
     assert row.last_error == "bad thing #1"
     assert row.last_error_type == "builtins.ValueError"
@@ -133,7 +131,7 @@ def test_failing_handler__failed_retried_expired_requeued(registered, settings):
     # The failed attempts' writes were rolled back.
     assert not SideEffect.objects.exists()
     # An operator requeues it: due now, attempts reset, error kept as history.
-    assert Notification.objects.requeue() == 1
+    assert Delivery.objects.requeue() == 1
     row.refresh_from_db()
     assert (row.state, row.attempts, row.last_error) == (
         State.PENDING,
@@ -153,7 +151,7 @@ def test_give_up_on_expires_at_once(registered):
 
     place(1)
     assert relay_once().expired == 1
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert (row.state, row.attempts, row.last_error_type) == (
         State.EXPIRED,
         1,
@@ -198,7 +196,7 @@ def test_backoff_is_capped_exponential_with_jitter(registered, settings):
             now=start + datetime.timedelta(days=attempt), rng=random.Random(1)
         )
         assert report.failed == 1
-        row = Notification.objects.get()
+        row = Delivery.objects.get()
         assert row.attempts == attempt
         wait = (
             row.next_retry_at - (start + datetime.timedelta(days=attempt))
@@ -235,7 +233,7 @@ def test_a_failing_handler_rolls_back_only_its_own_writes(registered):
     assert (report.succeeded, report.failed) == (3, 3)
     kept = set(SideEffect.objects.values_list("event_id", flat=True))
     assert kept == {e.id for e in events if e.payload["order_id"] % 2 == 0}
-    failed = Notification.objects.filter(state=State.FAILED)
+    failed = Delivery.objects.filter(state=State.FAILED)
     assert set(failed.values_list("last_error", flat=True)) == {"odd"}
 
 
@@ -294,7 +292,7 @@ def test_a_raising_on_commit_callback_fails_only_its_own_row(registered):
         + [("third", i) for i in range(3)]
         + [("pure", i) for i in range(3)]
     )
-    failed = Notification.objects.get(state=State.FAILED)
+    failed = Delivery.objects.get(state=State.FAILED)
     assert (failed.subscriber, failed.event_id) == ("cb.mailer", events[1].id)
     assert failed.last_error == "smtp down after the commit"
     assert failed.last_error_type == "builtins.ConnectionError"
@@ -307,7 +305,7 @@ def test_a_raising_on_commit_callback_fails_only_its_own_row(registered):
     report = relay_once(now=later(3600))
     assert (report.succeeded, report.failed) == (1, 0)
     assert ("second", 1) in sent
-    assert Notification.objects.filter(state=State.SUCCEEDED).count() == 9
+    assert Delivery.objects.filter(state=State.SUCCEEDED).count() == 9
 
 
 def test_handlers_with_callbacks_that_never_query_share_one_mark(registered):
@@ -340,7 +338,7 @@ def test_handlers_with_callbacks_that_never_query_share_one_mark(registered):
         if q["sql"].startswith("UPDATE") and "SUCCEEDED" in q["sql"]
     ]
     assert len(marks) == 1
-    failed = Notification.objects.get(state=State.FAILED)
+    failed = Delivery.objects.get(state=State.FAILED)
     assert failed.last_error == "push gateway down"
 
 
@@ -354,7 +352,7 @@ def test_a_raising_on_commit_callback_expires_its_row_after_its_attempts(
     place(2)
     report = relay_once()
     assert (report.succeeded, report.expired) == (0, 2)
-    rows = Notification.objects.all()
+    rows = Delivery.objects.all()
     assert set(rows.values_list("state", "last_error_type")) == {
         (State.EXPIRED, "builtins.ZeroDivisionError")
     }
@@ -390,14 +388,14 @@ def test_a_crash_between_the_commit_and_the_mark_runs_the_handler_again(
     place(1)
     with pytest.raises(KeyboardInterrupt):
         relay_once()
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert row.state == State.RUNNING
     assert SideEffect.objects.count() == 1  # committed before the callback
     assert relay_once().claimed == 0  # its lease holds
     report = relay_once(now=later(outbox_settings.LEASE_SECONDS + 1))
     assert report.succeeded == 1
     assert calls == [1, 2]
-    assert Notification.objects.get().state == State.SUCCEEDED
+    assert Delivery.objects.get().state == State.SUCCEEDED
 
 
 def _interrupt():
@@ -457,7 +455,7 @@ def test_a_handler_that_swallows_a_database_error_fails(registered):
     report = relay_once()
     assert report.failed == 2
     assert not SideEffect.objects.exists()
-    row = Notification.objects.first()
+    row = Delivery.objects.first()
     assert "marked for rollback" in row.last_error
 
 
@@ -480,7 +478,7 @@ def test_a_handler_that_swallows_an_aborting_error_fails_on_postgresql(registere
         return
     assert report.failed == 2
     assert not SideEffect.objects.exists()
-    row = Notification.objects.first()
+    row = Delivery.objects.first()
     assert row.last_error.startswith("the handler left the transaction aborted")
     assert row.last_error_type == "outbox_app.exceptions.TransactionBroken"
 
@@ -499,7 +497,7 @@ def test_lost_lease_discards_outcome_and_rolls_back_writes(registered):
     outcomes = Outcomes(mine.gateway, get("slowpoke"), mine.token, report)
     run_handlers(mine, get("slowpoke"), outcomes, threading.Event())
     assert (report.succeeded, report.lost) == (0, 1)
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert (row.state, row.locked_by, row.attempts) == (State.RUNNING, "other", 2)
     assert not SideEffect.objects.exists()  # the handler's write was rolled back
 
@@ -513,14 +511,14 @@ def test_handler_timeout(registered):
 
     place(1)
     assert relay_once().failed == 1
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert row.last_error_type == "outbox_app.exceptions.HandlerTimeout"
 
 
 def test_late_subscriber_receives_earlier_events(registered):
     place(3)
     assert fan_out() == 0  # nobody subscribes: the events wait
-    assert OutboxEvent.objects.undelivered().count() == 3
+    assert OutboxEvent.objects.awaiting_fanout().count() == 3
     seen = []
 
     @registered(OrderPlaced, name="late")
@@ -549,7 +547,7 @@ def test_alias_keeps_rows_of_a_renamed_handler_flowing(registered):
     assert seen == ["old.name"]
 
 
-def test_bad_stored_payload_fails_only_that_notification(registered):
+def test_bad_stored_payload_fails_only_that_delivery(registered):
     seen = []
 
     @registered(OrderPlaced, "Mystery", name="tolerant")
@@ -564,7 +562,7 @@ def test_bad_stored_payload_fails_only_that_notification(registered):
     OutboxEvent.objects.filter(id=broken.id).update(payload={"order": 1, "total": "1"})
     report = relay_once()
     assert (report.succeeded, report.failed) == (2, 1)
-    failed = Notification.objects.get(state=State.FAILED)
+    failed = Delivery.objects.get(state=State.FAILED)
     assert failed.event_id == broken.id
     assert failed.last_error_type == "outbox_app.exceptions.EventDecodeError"
     assert "unexpected field(s) order" in failed.last_error
@@ -580,11 +578,11 @@ def test_fan_out_pages_by_id__an_event_committed_late_with_a_lower_id_goes_next(
     # A transaction that took its id before the others and committed after
     # this fan-out passed it: the next call takes it.
     late = OutboxEvent.objects.get(id=events[0].id)
-    late.id, late.delivered, late.position = uuid.UUID(int=1), False, None
+    late.id, late.fanned_out, late.position = uuid.UUID(int=1), False, None
     late.save(force_insert=True)
     assert fan_out(batch_size=2) == 1
-    per_event = Notification.objects.filter(event_id=events[1].id).count()
-    assert Notification.objects.filter(event_id=late.id).count() == per_event > 0
+    per_event = Delivery.objects.filter(event_id=events[1].id).count()
+    assert Delivery.objects.filter(event_id=late.id).count() == per_event > 0
     assert fan_out(batch_size=2) == 0
 
 
@@ -595,7 +593,7 @@ def test_sentinels_are_never_fanned_out(handlers):
     with transaction.atomic(), outbox_action("Nothing"):
         pass
     assert relay_once().fanned_out == 0
-    assert not Notification.objects.exists()
+    assert not Delivery.objects.exists()
 
 
 def test_ordered_handler_delivers_each_aggregate_in_order(registered):
@@ -661,13 +659,13 @@ def test_ordered__failed_head_waits_expired_head_blocks_only_its_aggregate(
     # FAILED head: its aggregate waits, the other flows.
     assert [p for a, p in seen if a == "fine"] == [0, 1, 2]
     assert not [p for a, p in seen if a == "stuck"]
-    assert Notification.objects.get(aggregate_id="stuck", state=State.FAILED)
+    assert Delivery.objects.get(aggregate_id="stuck", state=State.FAILED)
     deliver(now=later(3600))  # second attempt fails: EXPIRED head
-    head = Notification.objects.get(aggregate_id="stuck", state=State.EXPIRED)
+    head = Delivery.objects.get(aggregate_id="stuck", state=State.EXPIRED)
     for _ in range(3):
         deliver(now=later(7200))
     assert not [p for a, p in seen if a == "stuck"]  # blocked until an operator acts
-    strict_rows = Notification.objects.for_subscribers(["strict"])
+    strict_rows = Delivery.objects.for_subscribers(["strict"])
     assert strict_rows.blocked_aggregates() == 1
     assert strict_rows.filter(aggregate_id="stuck", state=State.PENDING).count() == 2
     # Unblock: the operator requeues the head (and the handler is fixed).
@@ -677,7 +675,7 @@ def test_ordered__failed_head_waits_expired_head_blocks_only_its_aggregate(
     def fixed(event, context):
         seen.append((context.aggregate_id, event.position))
 
-    Notification.objects.filter(id=head.id).requeue()
+    Delivery.objects.filter(id=head.id).requeue()
     for _ in range(4):
         relay_once()
     assert [p for a, p in seen if a == "stuck"] == [0, 1, 2]
@@ -708,7 +706,7 @@ def test_release_hands_back_unattempted_rows(handlers):
     batch = Batch.claim(get("record_a"), "default", 10, timezone.now(), "me")
     assert len(batch) == 2
     assert batch.release().released == 2
-    rows = Notification.objects.all()
+    rows = Delivery.objects.all()
     assert set(rows.values_list("state", "attempts")) == {(State.PENDING, 0)}
 
 
@@ -732,7 +730,7 @@ def test_long_handler_batch_keeps_its_rows_leased(registered, settings):
 
     @registered(OrderPlaced, name="slow_batch")
     def slow_batch(event, context):
-        row = Notification.objects.get(id=context.notification_id)
+        row = Delivery.objects.get(id=context.delivery_id)
         left.append((row.locked_until - timezone.now()).total_seconds())
         time.sleep(0.09 if context.event_id != first else 0.45)
 
@@ -756,7 +754,7 @@ def test_skipping_an_expired_head_unblocks_its_aggregate(registered, settings):
         for position in range(3):
             publish(Step(position=position), aggregate=("shop.Cart", "p"))
     relay_once()
-    rows = Notification.objects.for_subscribers(["skippy"])
+    rows = Delivery.objects.for_subscribers(["skippy"])
     assert rows.blocked_aggregates() == 1 and seen == []
     assert rows.filter(state=State.EXPIRED).skip() == 1
     relay_once()
@@ -776,12 +774,12 @@ def test_backoff_counts_from_the_failure_not_the_claim(registered, settings):
     @registered(OrderPlaced, name="slow_failures")
     def slow_failures(event, context):
         time.sleep(0.05)
-        failed_at[context.notification_id] = timezone.now()
+        failed_at[context.delivery_id] = timezone.now()
         raise ConnectionError("down")
 
     place(4)
     assert relay_once().failed == 4
-    for row in Notification.objects.all():
+    for row in Delivery.objects.all():
         # Due again after the failure (the claim was up to 0.2 s earlier).
         slack = datetime.timedelta(milliseconds=2)
         assert row.next_retry_at >= failed_at[row.id] - slack, (
@@ -804,7 +802,7 @@ def test_a_handler_that_swallows_its_timeout_still_fails(registered):
 
     place(1)
     assert relay_once().failed == 1
-    row = Notification.objects.get()
+    row = Delivery.objects.get()
     assert row.last_error_type == f"{HandlerTimeout.__module__}.HandlerTimeout"
     assert not SideEffect.objects.exists()
 
@@ -816,7 +814,7 @@ def test_nul_characters_in_an_error_are_recorded_escaped(registered):
 
     place(1)
     assert relay_once().failed == 1
-    assert Notification.objects.get().last_error == "bad\\x00thing"
+    assert Delivery.objects.get().last_error == "bad\\x00thing"
 
 
 def test_a_publisher_reporting_a_non_exception_fails_cleanly(settings):
@@ -831,7 +829,7 @@ def test_a_publisher_reporting_a_non_exception_fails_cleanly(settings):
     fan_out(subscribers=[sloppy])
     report = deliver([sloppy])
     assert report.failed == 2
-    row = Notification.objects.filter(subscriber="sloppy").first()
+    row = Delivery.objects.filter(subscriber="sloppy").first()
     assert row.last_error == "Sloppy reported 'nope'"
 
 
@@ -851,7 +849,7 @@ def test_a_backlog_claims_the_next_batch_while_this_one_is_delivered(
     place(10)
     fan_out()
     assert deliver([get("slow_first")], batch_size=5).succeeded == 10
-    rows = list(Notification.objects.order_by("id"))
+    rows = list(Delivery.objects.order_by("id"))
     lease = datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
     # A claim sets next_retry_at to the claim time plus the lease; success
     # leaves it.
@@ -873,5 +871,5 @@ def test_a_batch_claimed_ahead_is_handed_back_when_time_is_up(registered, vendor
     report = deliver([get("slow")], batch_size=5, max_seconds=0.2)
     ahead = 0 if vendor == "sqlite" else 5
     assert (report.claimed, report.succeeded, report.released) == (5 + ahead, 5, ahead)
-    states = Notification.objects.values_list("state", "attempts")
+    states = Delivery.objects.values_list("state", "attempts")
     assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5

@@ -18,7 +18,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import skipUnlessDBFeature
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.events.ids import new_event_id
 from outbox_app.publishers.base import Publisher
 from outbox_app.relay.registry import get
@@ -66,7 +66,7 @@ def steal(subscriber, expected: int, seconds: float = 3600) -> int:
 def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
     handlers("record")
     early = place(50)
-    fan_out()  # notifications fanned out long before the freeze
+    fan_out()  # deliveries fanned out long before the freeze
     waiting = place(100)
     marker = tmp_path / "frozen"
     frozen = spawn(
@@ -76,7 +76,7 @@ def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
         "--batch-size",
         "10",
         "--stall-after",
-        r"INSERT .*outbox_app_notification",
+        r"INSERT .*outbox_app_delivery",
         OUTBOX_TEST_MARKER=str(marker),
     )
     try:
@@ -96,10 +96,10 @@ def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
         assert other.returncode == 0, err[-3000:]
         # The other relay delivered what was fanned out before, and fanned out
         # and delivered every event the frozen one does not hold.
-        done = Notification.objects.filter(state=State.SUCCEEDED)
+        done = Delivery.objects.filter(state=State.SUCCEEDED)
         assert done.filter(event_id__in=[e.id for e in early]).count() == 100
         held = OutboxEvent.objects.filter(
-            id__in=[e.id for e in waiting], delivered=False
+            id__in=[e.id for e in waiting], fanned_out=False
         ).count()
         assert held <= 10
         assert done.count() >= 2 * (150 - 10)
@@ -112,8 +112,8 @@ def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
     wait_for(
         lambda: (
             relay_once() is not None
-            and not OutboxEvent.objects.undelivered().exists()
-            and not Notification.objects.exclude(state=State.SUCCEEDED).exists()
+            and not OutboxEvent.objects.awaiting_fanout().exists()
+            and not Delivery.objects.exclude(state=State.SUCCEEDED).exists()
         ),
         30,
         "the frozen relay's batch to be delivered by another relay",
@@ -169,7 +169,7 @@ def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
 
     @registered(OrderPlaced, name="stalls")
     def stalls(event, context):
-        calls.append(context.notification_id)
+        calls.append(context.delivery_id)
         if len(calls) == 1:
             # A stall past the lease: another relay takes the batch over.
             stolen.append(steal("stalls", 6))
@@ -181,7 +181,7 @@ def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
     assert stolen == [6]
     assert len(calls) == 1, "handlers ran on rows another relay holds"
     assert report.lost == 6 and report.succeeded == 0
-    assert set(Notification.objects.values_list("locked_by", flat=True)) == {"thief:1"}
+    assert set(Delivery.objects.values_list("locked_by", flat=True)) == {"thief:1"}
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
@@ -207,7 +207,7 @@ def test_a_handler_with_callbacks_whose_lease_was_taken_commits_nothing(
     assert (report.succeeded, report.lost) == (0, 1)
     assert sent == []
     assert not SideEffect.objects.exists()
-    assert Notification.objects.get().locked_by == "thief:1"
+    assert Delivery.objects.get().locked_by == "thief:1"
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
@@ -217,7 +217,7 @@ def test_a_batch_claimed_ahead_whose_lease_ran_out_is_not_run(registered, settin
 
     @registered(OrderPlaced, name="long_batch")
     def long_batch(event, context):
-        calls.append(context.notification_id)
+        calls.append(context.delivery_id)
         if len(calls) == 5:
             # The first batch outlasts the lease of the batch claimed ahead
             # (and its own): another relay takes both over.
@@ -239,7 +239,7 @@ def test_a_publisher_batch_whose_lease_ran_out_is_not_sent(settings):
 
     class Slow(Publisher):
         def send_batch(self, messages):
-            sent.extend(m.notification_id for m in messages)
+            sent.extend(m.delivery_id for m in messages)
             if len(sent) == 5:
                 time.sleep(0.3)
                 stolen.append(steal(self, 10))
@@ -282,9 +282,9 @@ def test_a_timeout_during_a_database_call_fails_only_that_handler(registered):
     place(3)
     report = relay_once()
     assert (report.succeeded, report.failed) == (2, 1)
-    failed = Notification.objects.get(state=State.FAILED)
+    failed = Delivery.objects.get(state=State.FAILED)
     assert failed.last_error_type == "outbox_app.exceptions.HandlerTimeout"
-    assert not Notification.objects.filter(state=State.RUNNING).exists()
+    assert not Delivery.objects.filter(state=State.RUNNING).exists()
     assert SideEffect.objects.count() == 2
 
 
@@ -309,7 +309,7 @@ def test_a_backlog_outlasting_the_time_budget_starves_no_other_subscriber(
     place(300)
     for _ in range(2):
         relay_once(batch_size=50, max_seconds=0.5)
-    done = Notification.objects.filter(state=State.SUCCEEDED)
+    done = Delivery.objects.filter(state=State.SUCCEEDED)
     assert done.filter(subscriber="a_slow").exists()
     assert done.filter(subscriber="b_fast").exists()
 
@@ -328,15 +328,15 @@ def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
 
     @registered("OrderPlaced", name="once")
     def once(event, context):
-        calls.append(context.notification_id)
+        calls.append(context.delivery_id)
 
     place(1)
     operations.replay_to(OutboxEvent.objects.all(), "once")
     batch = Batch.claim(
         get("once"), "default", 10, None, "w:1", Fold(subscribed_types(subscribers()))
     )
-    assert [c.notification_id for c in batch.contexts] == list(
-        Notification.objects.filter(subscriber="once").values_list("id", flat=True)
+    assert [c.delivery_id for c in batch.contexts] == list(
+        Delivery.objects.filter(subscriber="once").values_list("id", flat=True)
     )
     batch.release()
     report = deliver([get("once")])
@@ -373,4 +373,4 @@ def test_no_batch_is_claimed_ahead_for_a_paused_publisher(registered):
         pauses.clear()
     assert report.succeeded == 30
     assert report.released == 0
-    assert Notification.objects.filter(subscriber="down", attempts=0).count() == 30
+    assert Delivery.objects.filter(subscriber="down", attempts=0).count() == 30

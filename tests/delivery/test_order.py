@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.events.ids import new_event_id
 from outbox_app.relay import relay_once
 from outbox_app.store.lifecycle import State
@@ -50,7 +50,7 @@ def test_versions_mixed_with_unversioned_events_are_delivered_in_publish_order(
         publish(step(3, id1), aggregate=CART, aggregate_version=6)
     drain()
     assert seen == [1, 2, 3]
-    rows = Notification.objects.for_subscribers(["cycle"])
+    rows = Delivery.objects.for_subscribers(["cycle"])
     assert set(rows.values_list("state", flat=True)) == {State.SUCCEEDED}
 
 
@@ -102,7 +102,7 @@ def test_an_event_the_orm_inserts_is_numbered_too():
         payload={"position": 1},
         occurred_at=now,
         created_at=now,
-        delivered=False,
+        fanned_out=False,
     )
     OutboxEvent.objects.bulk_create(
         [
@@ -112,7 +112,7 @@ def test_an_event_the_orm_inserts_is_numbered_too():
                 payload={"position": p},
                 occurred_at=now,
                 created_at=now,
-                delivered=False,
+                fanned_out=False,
             )
             for p in (2, 3)
         ]
@@ -143,7 +143,7 @@ def test_blocked_aggregates_counts_each_stuck_aggregate_once(registered, setting
         publish(Step(position=0), aggregate=("shop.Cart", "b"))
         publish(Step(position=0), Step(position=1))  # no aggregate
     drain()
-    rows = Notification.objects.for_subscribers(["stuck"])
+    rows = Delivery.objects.for_subscribers(["stuck"])
     assert rows.filter(state=State.EXPIRED).count() == 4  # a0, b0 and both loose
     # An operator expires what waits behind a's head: four EXPIRED rows, one
     # aggregate.

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.relay import deliver
 from outbox_app.store.lifecycle import State
 from tests.processes import spawn, wait_for
@@ -49,7 +49,7 @@ def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
             worker.kill()
         worker.communicate(timeout=10)
     assert worker.returncode == -signal.SIGKILL
-    running = Notification.objects.filter(state=State.RUNNING)
+    running = Delivery.objects.filter(state=State.RUNNING)
     killed = running.get(event_id=marker.read_text())
     # On PostgreSQL and MariaDB the worker had claimed its next batch ahead
     # (one row): held until the lease runs out too.
@@ -69,7 +69,7 @@ def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
     )
     try:
         assert deliver(subscribers=[_subscriber("hang")]).claimed == 3 - held
-        assert Notification.objects.get(id=killed.id).state == State.RUNNING
+        assert Delivery.objects.get(id=killed.id).state == State.RUNNING
         later = timezone.now() + datetime.timedelta(seconds=61)
         report = deliver(subscribers=[_subscriber("hang")], now=later)
         assert (report.claimed, report.succeeded) == (held, held)
@@ -125,10 +125,10 @@ def test_four_workers__flaky_and_ordered_handlers__nothing_lost_nothing_twice():
             worker.communicate(timeout=10)
     for worker, err in zip(workers, errors, strict=True):
         assert worker.returncode == 0, err[-3000:]
-    notifications = Notification.objects.all()
-    assert notifications.count() == 5000 * 2 + aggregates * steps
-    assert set(notifications.values_list("state", flat=True)) == {State.SUCCEEDED}
-    assert notifications.filter(attempts__gt=1).exists()  # failures did happen
+    deliveries = Delivery.objects.all()
+    assert deliveries.count() == 5000 * 2 + aggregates * steps
+    assert set(deliveries.values_list("state", flat=True)) == {State.SUCCEEDED}
+    assert deliveries.filter(attempts__gt=1).exists()  # failures did happen
     for name in ("flaky_a", "flaky_b"):
         effects = SideEffect.objects.filter(handler=name)
         assert effects.count() == 5000

@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.exceptions import InvalidSchedule
 from outbox_app.ops.operations import replay_to
 from outbox_app.relay import relay_once
@@ -50,7 +50,7 @@ def test_a_scheduled_event_is_delivered_when_due__not_before(seen):
     now = timezone.now()
     report = relay_once()  # fans out (a claim folded in), claims nothing
     assert (report.fanned_out, report.claimed) == (1, 0)
-    rows = Notification.objects.filter(event=row)
+    rows = Delivery.objects.filter(event=row)
     assert {(n.state, n.attempts) for n in rows} == {(State.PENDING, 0)}
     assert {n.next_retry_at for n in rows} == {row.deliver_at}
     assert {n.deliver_at for n in rows} == {row.deliver_at}
@@ -87,15 +87,15 @@ def test_an_event_not_delivered_by_expires_at_is_skipped_with_the_reason(seen):
     report = relay_once(now=timezone.now() + 2 * MINUTE)
     assert (report.lapsed, report.succeeded, report.failed) == (2, 0, 0)
     assert seen == {"any": [0], "ordered": [0]}
-    rows = list(Notification.objects.filter(event=lapsed))
+    rows = list(Delivery.objects.filter(event=lapsed))
     assert {n.state for n in rows} == {State.SKIPPED}
     assert {n.attempts for n in rows} == {0}
     assert {n.last_error_type for n in rows} == {"outbox_app.exceptions.EventExpired"}
     assert all("expires_at" in n.last_error and n.completed_at for n in rows)
     assert all(n.lease_token is None for n in rows)
-    assert set(
-        Notification.objects.filter(event=kept).values_list("state", flat=True)
-    ) == {State.SUCCEEDED}
+    assert set(Delivery.objects.filter(event=kept).values_list("state", flat=True)) == {
+        State.SUCCEEDED
+    }
     assert relay_once(now=timezone.now() + 3 * MINUTE).claimed == 0
 
 
@@ -112,10 +112,10 @@ def test_a_failing_delivery_is_not_retried_past_expires_at(registered):
     report = relay_once(now=timezone.now() + 10 * MINUTE)
     assert (report.lapsed, report.failed) == (1, 0)
     assert calls == [1]
-    notification = Notification.objects.get(event=row)
-    assert notification.state == State.SKIPPED
-    assert notification.attempts == 1  # the failed one; the lapse counted none
-    assert notification.first_failed_at is not None
+    delivery = Delivery.objects.get(event=row)
+    assert delivery.state == State.SKIPPED
+    assert delivery.attempts == 1  # the failed one; the lapse counted none
+    assert delivery.first_failed_at is not None
 
 
 def test_an_ordered_subscriber_waits_for_a_scheduled_head(seen):
@@ -176,7 +176,7 @@ def test_replay_leaves_a_scheduled_row_due_when_scheduled(seen):
     assert replay_to(OutboxEvent.objects.filter(id=row.id), "any").reset == 0
     assert relay_once().claimed == 0
     assert set(
-        Notification.objects.filter(event=row).values_list("next_retry_at", flat=True)
+        Delivery.objects.filter(event=row).values_list("next_retry_at", flat=True)
     ) == {row.deliver_at}
 
 
@@ -189,9 +189,9 @@ def test_replay_to_a_new_subscriber_keeps_the_schedule(registered):
         pass
 
     assert replay_to(OutboxEvent.objects.filter(id=row.id), "late").created == 1
-    notification = Notification.objects.get(event=row, subscriber="late")
-    assert notification.next_retry_at == row.deliver_at
-    assert notification.deliver_at == row.deliver_at
+    delivery = Delivery.objects.get(event=row, subscriber="late")
+    assert delivery.next_retry_at == row.deliver_at
+    assert delivery.deliver_at == row.deliver_at
     assert relay_once().claimed == 0
 
 
@@ -225,7 +225,7 @@ def test_status_counts_scheduled_deliveries_apart_from_lag(seen, client, admin_u
     assert json.loads(out.getvalue())["scheduled"] == 4
 
     client.force_login(admin_user)
-    page = client.get("/admin/outbox_app/notification/?schedule=scheduled")
+    page = client.get("/admin/outbox_app/delivery/?schedule=scheduled")
     assert page.status_code == 200
     assert page.context["cl"].result_count == 4
     assert "scheduled, in" in page.content.decode()
@@ -240,9 +240,9 @@ def test_status_counts_scheduled_deliveries_apart_from_lag(seen, client, admin_u
 def test_the_admin_shows_why_an_expired_event_was_skipped(seen, client, admin_user):
     row = step(expires_at=MINUTE)
     relay_once(now=timezone.now() + 2 * MINUTE)
-    notification = Notification.objects.filter(event=row).first()
+    delivery = Delivery.objects.filter(event=row).first()
     client.force_login(admin_user)
-    page = client.get(f"/admin/outbox_app/notification/{notification.id}/change/")
+    page = client.get(f"/admin/outbox_app/delivery/{delivery.id}/change/")
     html = page.content.decode()
     assert "EventExpired" in html
     assert "kept as history" not in html  # the reason it was skipped, current

@@ -1,4 +1,4 @@
-"""Persisted subscriptions (issue 16, item 1): fan-out creates notifications
+"""Persisted subscriptions (issue 16, item 1): fan-out creates deliveries
 for every subscriber some relay recorded, not only for the ones this process
 has, so subscribers survive a rolling deploy; retiring one is an explicit act."""
 
@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent
+from outbox_app import Delivery, OutboxEvent
 from outbox_app.exceptions import SubscriptionInUse
 from outbox_app.models import Subscription
 from outbox_app.ops import operations, status
@@ -40,7 +40,7 @@ def record_elsewhere(seconds_ago: float = 0) -> None:
 
 def states_of(name: str) -> list[str]:
     return list(
-        Notification.objects.filter(subscriber=name).values_list("state", flat=True)
+        Delivery.objects.filter(subscriber=name).values_list("state", flat=True)
     )
 
 
@@ -50,7 +50,7 @@ def test_fan_out_reaches_a_subscriber_only_another_relay_has(handlers):
     place(5)
     report = relay_once()
     # This process delivers to its own subscribers only; the other relay's
-    # notifications wait for it.
+    # deliveries wait for it.
     assert report.succeeded == 10
     assert states_of("elsewhere") == [State.PENDING] * 5
     assert SideEffect.objects.count() == 10
@@ -77,7 +77,7 @@ def test_the_relay_records_what_it_has_and_refreshes_it(handlers):
     assert Subscription.objects.get(subscriber="record_b").last_seen_at == stale
 
 
-def test_a_retired_subscription_gets_no_new_notifications(handlers, caplog):
+def test_a_retired_subscription_gets_no_new_deliveries(handlers, caplog):
     handlers("record")
     place(2)
     relay_once()
@@ -136,7 +136,7 @@ def test_retire_skips_the_waiting_rows_or_keeps_them():
     record_elsewhere(seconds_ago=3600)
     events = place(5)
     fan_out(subscribers=[])  # another relay's fan-out: elsewhere's rows wait
-    rows = Notification.objects.filter(subscriber="elsewhere").order_by("id")
+    rows = Delivery.objects.filter(subscriber="elsewhere").order_by("id")
     ids = list(rows.values_list("id", flat=True))
     rows.filter(id=ids[1]).update(state=State.FAILED)
     rows.filter(id=ids[2]).update(state=State.EXPIRED)
@@ -214,7 +214,7 @@ def test_a_rolling_deploy__an_old_relay_fans_out_to_the_new_subscriber(vendor):
         assert old.stdout.readline().strip() == "ready"
         before = place(20)  # published before the new version existed
         wait_for(
-            lambda: not OutboxEvent.objects.undelivered().exists(),
+            lambda: not OutboxEvent.objects.awaiting_fanout().exists(),
             60,
             "the old relay to fan out",
         )
@@ -223,11 +223,11 @@ def test_a_rolling_deploy__an_old_relay_fans_out_to_the_new_subscriber(vendor):
         )
         between = place(30)  # the new subscriber exists; only A runs
         wait_for(
-            lambda: Notification.objects.filter(subscriber="audit").count() == 30,
+            lambda: Delivery.objects.filter(subscriber="audit").count() == 30,
             60,
             "the old relay to fan out to the new subscriber",
         )
-        assert not OutboxEvent.objects.undelivered().exists()
+        assert not OutboxEvent.objects.awaiting_fanout().exists()
         wait_for(
             lambda: (
                 SideEffect.objects.filter(handler__startswith="record_").count() == 100
@@ -297,7 +297,7 @@ def retire_as_fan_out_starts(monkeypatch, module, names):
 def test_retiring_the_only_subscriber_as_fan_out_runs_leaves_the_events_pending(
     monkeypatch,
 ):
-    """Its events stay undelivered (visible in the status) instead of being
+    """Its events wait for fan-out (visible in the status) instead of being
     marked fanned out to nobody; fan-out pages past them to the events that
     still have a subscriber."""
     from outbox_app.relay import fanout
@@ -307,18 +307,18 @@ def test_retiring_the_only_subscriber_as_fan_out_runs_leaves_the_events_pending(
     orders = place(3)
     retire_as_fan_out_starts(monkeypatch, fanout, ["steps.elsewhere"])
     assert fan_out(subscribers=[], batch_size=2) == 3
-    assert set(OutboxEvent.objects.undelivered().values_list("id", flat=True)) == {
+    assert set(OutboxEvent.objects.awaiting_fanout().values_list("id", flat=True)) == {
         e.id for e in steps
     }
-    assert set(Notification.objects.values_list("event_id", "subscriber")) == {
+    assert set(Delivery.objects.values_list("event_id", "subscriber")) == {
         (e.id, "elsewhere") for e in orders
     }
-    assert status.overview()["undelivered_events"] == 3
+    assert status.overview()["events_awaiting_fanout"] == 3
     # Reactivated, the subscriber gets them: nothing was lost.
     monkeypatch.undo()
     operations.reactivate(Subscription.objects.filter(subscriber="steps.elsewhere"))
     assert fan_out(subscribers=[]) == 3
-    assert Notification.objects.filter(subscriber="steps.elsewhere").count() == 3
+    assert Delivery.objects.filter(subscriber="steps.elsewhere").count() == 3
 
 
 def test_retiring_the_only_subscriber_as_a_folded_claim_runs_leaves_it_pending(
@@ -338,9 +338,9 @@ def test_retiring_the_only_subscriber_as_a_folded_claim_runs_leaves_it_pending(
     retire_as_fan_out_starts(monkeypatch, loop, ["steps.elsewhere"])
     report = loop.relay_once(batch_size=2)
     assert (report.fanned_out, report.succeeded) == (4, 4)
-    assert set(OutboxEvent.objects.undelivered().values_list("id", flat=True)) == {
+    assert set(OutboxEvent.objects.awaiting_fanout().values_list("id", flat=True)) == {
         e.id for e in steps
     }
-    assert set(Notification.objects.values_list("event_id", flat=True)) == {
+    assert set(Delivery.objects.values_list("event_id", flat=True)) == {
         e.id for e in orders
     }

@@ -10,7 +10,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.models import SubscriberPause
 from outbox_app.relay.sending import Pause
 from outbox_app.store.lifecycle import State
@@ -38,7 +38,7 @@ def test_a_handler_raising_unstorable_text_fails_its_row_and_the_relay_goes_on()
         )
     )
     try:
-        failed = Notification.objects.filter(subscriber="garbled", state=State.FAILED)
+        failed = Delivery.objects.filter(subscriber="garbled", state=State.FAILED)
         wait_for(
             lambda: failed.count() == 2 or relay.process.poll() is not None,
             60,
@@ -65,7 +65,7 @@ def test_a_handler_raising_unstorable_text_fails_its_row_and_the_relay_goes_on()
         and "\\udcff\\x00" in row.last_traceback
         for row in failed
     )
-    assert not Notification.objects.filter(state=State.RUNNING).exists()
+    assert not Delivery.objects.filter(state=State.RUNNING).exists()
 
 
 def test_a_pause_reason_no_column_can_hold_is_recorded_readably():

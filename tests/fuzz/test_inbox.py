@@ -47,7 +47,7 @@ def message(n: int) -> bytes:
             occurred_at=timezone.now(),
             attempt=1,
             subscriber="rabbitmq",
-            notification_id=n,
+            delivery_id=n,
         )
     )
 

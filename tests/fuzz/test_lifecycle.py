@@ -1,4 +1,4 @@
-"""The notification lifecycle as a hypothesis state machine (issue 16, item 3a).
+"""The delivery lifecycle as a hypothesis state machine (issue 16, item 3a).
 
 ``LifecycleMachine`` drives the real database through random sequences of:
 ``publish()`` in ``transaction.atomic`` (events with and without an aggregate,
@@ -25,8 +25,8 @@ explicitly after every step (each failure message names its promise):
 - atomic: a rolled-back event (transaction or savepoint) never exists, nor
   does one published outside a transaction ("Atomicity");
 - at least once: each committed event of a subscribed type gets one
-  notification per subscriber of its type once fanned out, events nobody
-  subscribes to wait undelivered until a subscriber is deployed, and at the end
+  delivery per subscriber of its type once fanned out, events nobody
+  subscribes to wait for fan-out until a subscriber is deployed, and at the end
   of every run (leases run out, the dead letter requeued, everything claimed)
   every committed event reached every subscriber unless an operator skipped it
   or it expired first (lapsed) ("At-least-once delivery");
@@ -66,7 +66,7 @@ explicitly after every step (each failure message names its promise):
 It found one bug, fixed in ``Batch.claim``: on SQLite and MariaDB a claim
 with fan-out folded in listed a replayed row of an event not fanned out yet
 twice, so its handler ran twice for one attempt. And one in
-``NotificationQuerySet.requeue``/``replay``: an operator's requeue or replay
+``DeliveryQuerySet.requeue``/``replay``: an operator's requeue or replay
 of a scheduled row they expired before it was due made it due at once, before
 its ``deliver_at`` (``test_requeue_and_replay_keep_the_schedule``).
 
@@ -100,7 +100,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from outbox_app import Notification, OutboxEvent, handler, publish
+from outbox_app import Delivery, OutboxEvent, handler, publish
 from outbox_app.conf import outbox_settings
 from outbox_app.exceptions import InvalidSchedule, OutboxRequiresActiveTransaction
 from outbox_app.execution.retry import backoff_ceiling
@@ -140,20 +140,20 @@ SECOND = datetime.timedelta(seconds=1)
 #: Runs (examples), steps and what they did, over the whole module.
 TRIED: Counter = Counter()
 
-#: notification id -> "ok", "retry" (ValueError) or "give_up" (KeyError):
+#: delivery id -> "ok", "retry" (ValueError) or "give_up" (KeyError):
 #: what the handlers do with the rows of the batch being run.
 PLAN: dict[int, str] = {}
-#: (subscriber, event id, notification id, attempt, outcome) per handler call.
+#: (subscriber, event id, delivery id, attempt, outcome) per handler call.
 CALLS: list[tuple[str, uuid.UUID, int, int, str]] = []
 
 
 def _act(context) -> None:
-    outcome = PLAN.get(context.notification_id, "ok")
+    outcome = PLAN.get(context.delivery_id, "ok")
     CALLS.append(
         (
             context.subscriber,
             context.event_id,
-            context.notification_id,
+            context.delivery_id,
             context.attempt,
             outcome,
         )
@@ -211,12 +211,12 @@ class Ev:
     created: int  # the step that published it
     deliver_at: datetime.datetime | None = None
     expires_at: datetime.datetime | None = None
-    delivered: bool = False
+    fanned_out: bool = False
 
 
 @dataclasses.dataclass
 class Note:
-    """A notification, as the model sees it."""
+    """A delivery, as the model sees it."""
 
     id: int
     event: uuid.UUID
@@ -293,7 +293,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         SideEffect.objects.all().delete()
-        Notification.objects.all().delete()
+        Delivery.objects.all().delete()
         OutboxEvent.objects.all().delete()
         Subscription.objects.all().delete()  # recorded again by the next fan-out
         PLAN.clear()
@@ -304,7 +304,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.notes: dict[int, Note] = {}
         self.pairs: dict[tuple[uuid.UUID, str], int] = {}
         self.purged_pairs: set[tuple[uuid.UUID, str]] = set()
-        self.purged_ids: set[int] = set()  # notifications purge deleted
+        self.purged_ids: set[int] = set()  # deliveries purge deleted
         self.replayed_pairs: set[tuple[uuid.UUID, str]] = set()
         self.skipped_pairs: set[tuple[uuid.UUID, str]] = set()
         self.lapsed_pairs: set[tuple[uuid.UUID, str]] = set()  # expired, skipped
@@ -334,12 +334,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         return {s for s in self.deployed if event_type in TYPES[s]}
 
     def waiting(self) -> list[Ev]:
-        """Undelivered events fan-out takes, oldest first."""
+        """Events awaiting fan-out, which fan-out takes, oldest first."""
         return sorted(
             (
                 e
                 for e in self.events.values()
-                if not e.delivered and self.subscribers_of(e.type)
+                if not e.fanned_out and self.subscribers_of(e.type)
             ),
             key=lambda e: e.seq,
         )
@@ -350,7 +350,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def blocker(self, note: Note) -> Ev | None:
         """The first earlier event of its aggregate (of a type the ordered
         subscriber receives) that waits for fan-out or has an unfinished
-        notification; None: ``note`` is its aggregate's head."""
+        delivery; None: ``note`` is its aggregate's head."""
         event = self.events[note.event]
         if event.aggregate is None:
             return None
@@ -359,7 +359,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 continue
             if other.type not in TYPES[note.subscriber]:
                 continue
-            if not other.delivered:
+            if not other.fanned_out:
                 return other
             earlier = self.pairs.get((other.id, note.subscriber))
             if earlier is not None and self.notes[earlier].state in UNFINISHED:
@@ -506,24 +506,24 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._fanned(expected)
 
     def _fanned(self, events: list[Ev], claim: tuple | None = None) -> list[int]:
-        """The model of fan-out: ``events`` get one notification per subscriber
+        """The model of fan-out: ``events`` get one delivery per subscriber
         of their type that has none (the pair is unique), due at once or at
         the event's deliver_at; with ``claim`` (subscriber, token, now), that
         subscriber's new rows are claimed, but for scheduled events'.
         Returns the claimed rows' ids."""
         if not events:
             return []
-        rows = Notification.objects.filter(event_id__in=[e.id for e in events])
+        rows = Delivery.objects.filter(event_id__in=[e.id for e in events])
         ids = {(r["event_id"], r["subscriber"]): r["id"] for r in rows.values()}
         claimed = []
         for event in events:
-            event.delivered = True
+            event.fanned_out = True
             for subscriber in sorted(self.subscribers_of(event.type)):
                 pair = (event.id, subscriber)
                 if pair in self.pairs:
                     continue
                 assert pair in ids, (
-                    f"at least once: fan-out created no notification of event "
+                    f"at least once: fan-out created no delivery of event "
                     f"{event.seq} ({event.type}) for {subscriber}"
                 )
                 note = Note(ids[pair], event.id, subscriber, due=event.deliver_at)
@@ -548,7 +548,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if len(due) < limit:
                 expected_fold = self.waiting()[: limit - len(due)]
         batch = Batch.claim(subscriber, "default", limit, now, WORKER, folding)
-        listed = Counter(c.notification_id for c in batch.contexts)
+        listed = Counter(c.delivery_id for c in batch.contexts)
         twice = {pk for pk, times in listed.items() if times > 1}
         # Found by this machine on SQLite and MariaDB, fixed in Batch.claim: a
         # folded claim listed a replayed row of an event not fanned out yet
@@ -559,10 +559,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         known = [
             c
-            for pk, c in {c.notification_id: c for c in batch.contexts}.items()
+            for pk, c in {c.delivery_id: c for c in batch.contexts}.items()
             if pk in self.notes
         ]
-        taken = {c.notification_id for c in known}
+        taken = {c.delivery_id for c in known}
         assert taken <= due, (
             f"a claim for {name} took rows that were not due"
             + (" or not their aggregate's head (ordered)" if subscriber.ordered else "")
@@ -578,7 +578,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 event.deliver_at,
                 event.expires_at,
             )
-            assert self._on_time(event, context.notification_id, now), (
+            assert self._on_time(event, context.delivery_id, now), (
                 f"scheduled: a claim for {name} at {now} took event {event.seq} "
                 f"due at {event.deliver_at}"
             )
@@ -604,7 +604,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             for n in self.notes.values()
         )
         for context in known:
-            note = self.notes[context.notification_id]
+            note = self.notes[context.delivery_id]
             TRIED["leases taken over"] += note.state == State.RUNNING
             note.state, note.attempts = State.RUNNING, note.attempts + 1
             note.token, note.lease_until = batch.token, now + self.lease()
@@ -615,7 +615,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             f"{len(expected_fold)}"
         )
         created = self._fanned(expected_fold, (name, batch.token, now))
-        fresh = {c.notification_id for c in batch.contexts} - taken
+        fresh = {c.delivery_id for c in batch.contexts} - taken
         assert fresh == set(created), (
             "a folded claim claimed other rows than its subscriber's new ones"
         )
@@ -633,9 +633,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             if (expiry := self.events[n.event].expires_at) and expiry <= batch.now
         ]
         taken = batch.take_lapsed()
-        assert {c.notification_id for c in taken} == {n.id for n in lapsed}, (
+        assert {c.delivery_id for c in taken} == {n.id for n in lapsed}, (
             f"not expired by the claim's clock {batch.now}, or expired and "
-            f"kept: {self._describe({c.notification_id for c in taken})}"
+            f"kept: {self._describe({c.delivery_id for c in taken})}"
         )
         report = RelayReport()
         Outcomes(batch.gateway, batch.subscriber, batch.token, report).lapsed(taken)
@@ -663,7 +663,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                     or other.type not in TYPES[ORDERED]
                 ):
                     continue
-                assert row["delivered"], (
+                assert row["fanned_out"], (
                     f"ordered: claimed event {event.seq} of aggregate "
                     f"{event.aggregate} while the earlier event {other.seq} waits "
                     "for fan-out"
@@ -694,11 +694,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The model's row of a held batch's ``context``; None: purge deleted
         it while the batch was held (another claim took it over once its
         lease ran out and finished it), so the batch holds it no longer."""
-        pk = context.notification_id
+        pk = context.delivery_id
         if pk in self.notes:
             return self.notes[pk]
         assert pk in self.purged_ids, (
-            f"a batch of {batch.subscriber.name} lists notification {pk}, "
+            f"a batch of {batch.subscriber.name} lists delivery {pk}, "
             "which neither exists nor was purged"
         )
         TRIED["held rows purged"] += 1
@@ -708,7 +708,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         name = batch.subscriber.name
         PLAN.clear()
         for context, outcome in zip(batch.contexts, plan, strict=False):
-            PLAN[context.notification_id] = outcome
+            PLAN[context.delivery_id] = outcome
         # Rows still held under the batch's token run; the others (taken over
         # by another claim) write nothing.
         held, stale = [], []
@@ -719,11 +719,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                 and note.state == State.RUNNING
                 and note.token == batch.token
             )
-            first = all(c.notification_id != note.id for c in held)
+            first = all(c.delivery_id != note.id for c in held)
             (held if mine and first else stale).append(context)
-        held_ids = {c.notification_id for c in held}
-        self.untouched_ids |= {c.notification_id for c in stale} - held_ids
-        occurrences = Counter(c.notification_id for c in batch.contexts)
+        held_ids = {c.delivery_id for c in held}
+        self.untouched_ids |= {c.delivery_id for c in stale} - held_ids
+        occurrences = Counter(c.delivery_id for c in batch.contexts)
         calls = len(CALLS)
         report = RelayReport()
         outcomes = Outcomes(batch.gateway, batch.subscriber, batch.token, report)
@@ -742,7 +742,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         failed = {}
         limit = MAX_ATTEMPTS[name]
         for context in held:
-            note = self.notes[context.notification_id]
+            note = self.notes[context.delivery_id]
             outcome = PLAN.get(note.id, "ok")
             note.token = note.lease_until = None
             if context.attempt > limit:
@@ -768,7 +768,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 failed[note.id] = context.attempt
                 expected["failed"] += 1
         for context in stale:
-            assert ran[context.notification_id] <= occurrences[context.notification_id]
+            assert ran[context.delivery_id] <= occurrences[context.delivery_id]
         got = Counter(
             succeeded=report.succeeded,
             failed=report.failed,
@@ -780,7 +780,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert +got == +expected, f"outcomes {dict(got)}, expected {dict(expected)}"
         if failed:
             spent = time.monotonic() - batch.started
-            rows = Notification.objects.filter(id__in=failed)
+            rows = Delivery.objects.filter(id__in=failed)
             for pk, due in rows.values_list("id", "next_retry_at"):
                 ceiling = backoff_ceiling(
                     failed[pk],
@@ -833,7 +833,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The stalled relay hands its batch back unattempted."""
         self._begin("release_held")
         batch = self.held.pop(index % len(self.held))
-        listed = {c.notification_id: self._listed(batch, c) for c in batch.contexts}
+        listed = {c.delivery_id: self._listed(batch, c) for c in batch.contexts}
         held = [
             note
             for note in listed.values()
@@ -841,7 +841,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             and note.state == State.RUNNING
             and note.token == batch.token
         ]
-        self.untouched_ids |= {c.notification_id for c in batch.contexts} - {
+        self.untouched_ids |= {c.delivery_id for c in batch.contexts} - {
             n.id for n in held
         }
         self.released_ids |= {n.id for n in held}
@@ -883,11 +883,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _selection(self, target):
         kind, value = target
         if kind == "subscriber":
-            rows = Notification.objects.for_subscribers([value])
+            rows = Delivery.objects.for_subscribers([value])
             return rows, [n for n in self.notes.values() if n.subscriber == value]
         chosen = self.pick(sorted(self.notes), value)
         return (
-            Notification.objects.filter(pk__in=chosen),
+            Delivery.objects.filter(pk__in=chosen),
             [self.notes[i] for i in chosen],
         )
 
@@ -993,7 +993,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             created=result.created, reset=result.reset, skipped=result.skipped
         )
         assert +got == +expected, f"replay {dict(got)}, expected {dict(expected)}"
-        rows = Notification.objects.filter(
+        rows = Delivery.objects.filter(
             event_id__in=[e.id for e in created], subscriber=subscriber
         )
         for pk, event_id in rows.values_list("id", "event_id"):
@@ -1021,11 +1021,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         events = [
             e
             for e in self.events.values()
-            if e.delivered
+            if e.fanned_out
             and e.created <= mark
             and all(n in old for n in by_event[e.id])
         ]
-        expected = PurgeCounts(events=len(events), notifications=len(old))
+        expected = PurgeCounts(events=len(events), deliveries=len(old))
         planned = purge(0, dry_run=True, now=cutoff)
         assert planned == expected, f"purge would delete {planned}, not {expected}"
         done = purge(0, batch_size=batch_size, now=cutoff)
@@ -1054,13 +1054,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _read(self) -> Snapshot:
         return Snapshot(
-            notes={r["id"]: r for r in Notification.objects.values(*NOTE_COLUMNS)},
+            notes={r["id"]: r for r in Delivery.objects.values(*NOTE_COLUMNS)},
             events={
                 r["id"]: r
                 for r in OutboxEvent.objects.values(
                     "id",
                     "event_type",
-                    "delivered",
+                    "fanned_out",
                     "aggregate_id",
                     "aggregate_version",
                     "deliver_at",
@@ -1086,15 +1086,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         for pk, old in before.notes.items():
             new = after.notes.get(pk)
             if new is None:
-                assert self.kind == "purge", f"notification {pk} vanished ({self.kind})"
+                assert self.kind == "purge", f"delivery {pk} vanished ({self.kind})"
                 assert old["state"] in FINISHED, (
-                    f"purge deleted an unfinished ({old['state']}) notification"
+                    f"purge deleted an unfinished ({old['state']}) delivery"
                 )
                 continue
             if pk in self.untouched_ids:
                 assert new == old, (
                     f"compare-and-set: an outcome with a stale lease token changed "
-                    f"notification {pk}: {old} -> {new}"
+                    f"delivery {pk}: {old} -> {new}"
                 )
             if old["state"] in FINISHED and new["state"] != old["state"]:
                 assert (
@@ -1144,21 +1144,21 @@ class LifecycleMachine(RuleBasedStateMachine):
         for event_id, row in after.events.items():
             event = self.events[event_id]
             have = per_event[event_id]
-            assert len(have) == len(set(have)), "two notifications of one pair"
+            assert len(have) == len(set(have)), "two deliveries of one pair"
             subscribers = self.subscribers_of(event.type)
             assert set(have) <= subscribers, (
-                f"a notification of {event.type} for a non-subscriber: {have}"
+                f"a delivery of {event.type} for a non-subscriber: {have}"
             )
-            if row["delivered"]:
+            if row["fanned_out"]:
                 purged = {s for s in subscribers if (event_id, s) in self.purged_pairs}
                 missing = subscribers - set(have) - purged
                 assert not missing, (
                     f"at least once: event {event.seq} ({event.type}) was fanned "
-                    f"out without a notification for {sorted(missing)}"
+                    f"out without a delivery for {sorted(missing)}"
                 )
             else:
                 assert {(event_id, s) for s in have} <= self.replayed_pairs, (
-                    "a notification of an event not fanned out yet"
+                    "a delivery of an event not fanned out yet"
                 )
                 if not subscribers:
                     assert not have
@@ -1181,14 +1181,14 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _check_model(self, after: Snapshot) -> None:
         now = self.now()
         assert after.notes.keys() == self.notes.keys(), (
-            f"notifications {sorted(after.notes)}, the model has {sorted(self.notes)}"
+            f"deliveries {sorted(after.notes)}, the model has {sorted(self.notes)}"
         )
         for pk, row in after.notes.items():
             note = self.notes[pk]
             event = self.events[note.event]
             got = (row["event_id"], row["subscriber"], row["state"], row["attempts"])
             want = (note.event, note.subscriber, note.state, note.attempts)
-            assert got == want, f"notification {pk}: {got}, the model says {want}"
+            assert got == want, f"delivery {pk}: {got}, the model says {want}"
             assert (
                 row["event_type"],
                 row["aggregate_id"],
@@ -1210,8 +1210,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
         for event_id, row in after.events.items():
             event = self.events[event_id]
-            assert (row["delivered"], row["deliver_at"], row["expires_at"]) == (
-                event.delivered,
+            assert (row["fanned_out"], row["deliver_at"], row["expires_at"]) == (
+                event.fanned_out,
                 event.deliver_at,
                 event.expires_at,
             )
@@ -1242,7 +1242,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             ):
                 self._begin("drain")
                 self._transition(
-                    "requeue", Notification.objects.all(), list(self.notes.values()), 50
+                    "requeue", Delivery.objects.all(), list(self.notes.values()), 50
                 )
                 self.promises_hold()
             if self.waiting():
@@ -1295,7 +1295,7 @@ def test_requeue_and_replay_keep_the_schedule(again):
                 deliver_at=datetime.timedelta(hours=1),
             )
         fan_out()
-        rows = Notification.objects.filter(event=event)
+        rows = Delivery.objects.filter(event=event)
         assert operations.apply(rows, "expire") == 1
         if again == "requeue":
             operations.requeue_deliveries(OutboxEvent.objects.filter(pk=event.pk))
@@ -1335,7 +1335,7 @@ def test_a_held_batch_whose_rows_were_purged(back):
         machine.promises_hold()
         machine.purge_finished(at=len(machine.marks) - 1, batch_size=1)
         machine.promises_hold()
-        assert not Notification.objects.filter(pk=context.notification_id).exists()
+        assert not Delivery.objects.filter(pk=context.delivery_id).exists()
         assert not OutboxEvent.objects.filter(pk=context.event_id).exists()
         if back == "run":
             machine.run_held(index=0, plan=["ok"] * 5)

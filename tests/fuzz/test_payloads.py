@@ -115,7 +115,7 @@ def test_publish_stores_unchanged_or_refuses_before_the_insert(
         occurred_at=stored.occurred_at,
         attempt=1,
         subscriber="fuzz",
-        notification_id=1,
+        delivery_id=1,
     )
     assert same(json.loads(body(context).decode())["data"], json_form(payload))
 

@@ -44,7 +44,7 @@ def message(
         occurred_at=timezone.now(),
         attempt=1,
         subscriber="rabbitmq",
-        notification_id=1,
+        delivery_id=1,
         expires_at=expires_at,
     )
     return body(context)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from django.db import transaction
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, handler, publish
+from outbox_app import Delivery, OutboxEvent, handler, publish
 from outbox_app.relay.registry import unregister
 from outbox_app.store.lifecycle import State
 
@@ -17,7 +17,7 @@ from outbox_app.store.lifecycle import State
 def events(
     n: int = 1, event_type: str = "OrderPlaced", payload=None, **publish_kwargs
 ) -> list[OutboxEvent]:
-    """``n`` committed outbox events of one type (``delivered`` False)."""
+    """``n`` committed outbox events of one type (``fanned_out`` False)."""
     with transaction.atomic():
         return publish(
             *[
@@ -28,14 +28,14 @@ def events(
         )
 
 
-def notification(
+def delivery(
     event: OutboxEvent,
     subscriber: str = "ops.record",
     state: State = State.PENDING,
     *,
     age: datetime.timedelta = datetime.timedelta(0),
     **fields,
-) -> Notification:
+) -> Delivery:
     """One delivery of ``event``; finished states get plausible outcome fields.
     ``age`` moves every timestamp that far into the past."""
     now = timezone.now() - age
@@ -66,11 +66,11 @@ def notification(
     if state == State.RUNNING:
         values.update(attempts=1, locked_until=now + datetime.timedelta(minutes=1))
     values.update(fields)
-    return Notification.objects.create(event=event, subscriber=subscriber, **values)
+    return Delivery.objects.create(event=event, subscriber=subscriber, **values)
 
 
 def mark_delivered(*rows: OutboxEvent) -> None:
-    OutboxEvent.objects.filter(pk__in=[r.pk for r in rows]).update(delivered=True)
+    OutboxEvent.objects.filter(pk__in=[r.pk for r in rows]).update(fanned_out=True)
 
 
 def age_events(rows, age: datetime.timedelta) -> None:

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification, subscribed
+from tests.ops.factories import delivery, events, subscribed
 
 pytestmark = pytest.mark.django_db
 
@@ -30,10 +30,10 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 @pytest.fixture
 def outbox():
     first, second, third = events(3)
-    notification(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
-    notification(second, "ops.record", State.FAILED)
-    notification(third, "ops.record", State.EXPIRED)
-    notification(first, "gone.handler", State.SUCCEEDED)
+    delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
+    delivery(second, "ops.record", State.FAILED)
+    delivery(third, "ops.record", State.EXPIRED)
+    delivery(first, "gone.handler", State.SUCCEEDED)
 
 
 def command(*args: str) -> str:
@@ -50,7 +50,7 @@ def test_prometheus_format_equals_the_json(outbox):
     for row in data["subscribers"]:
         for state, n in row["states"].items():
             key = (
-                "outbox_notifications",
+                "outbox_deliveries",
                 (("state", state.lower()), ("subscriber", row["name"])),
             )
             assert found[key] == n, key
@@ -58,7 +58,9 @@ def test_prometheus_format_equals_the_json(outbox):
     by_name = {row["name"]: row for row in data["subscribers"]}
     assert abs(lag - by_name["ops.record"]["oldest_pending_seconds"]) < 5
     assert ("outbox_lag_seconds", (("subscriber", "gone.handler"),)) not in found
-    assert found[("outbox_events_awaiting_fanout", ())] == data["undelivered_events"]
+    assert (
+        found[("outbox_events_awaiting_fanout", ())] == data["events_awaiting_fanout"]
+    )
     assert ("outbox_publisher_paused", (("subscriber", "x"),)) not in found
 
 
@@ -68,7 +70,7 @@ def test_view_serves_the_same_text(client, outbox):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=")
     found = samples(response.content.decode())
-    key = ("outbox_notifications", (("state", "expired"), ("subscriber", "ops.record")))
+    key = ("outbox_deliveries", (("state", "expired"), ("subscriber", "ops.record")))
     assert found[key] == 1
 
 

@@ -7,22 +7,22 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from outbox_app import Notification, OutboxEvent, UnknownSubscriber
+from outbox_app import Delivery, OutboxEvent, UnknownSubscriber
 from outbox_app.ops import operations
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification, subscribed
+from tests.ops.factories import delivery, events, subscribed
 
 pytestmark = pytest.mark.django_db
 
 
 def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
     event = events(1)[0]
-    expired = notification(event, "a", State.EXPIRED)
-    failed = notification(event, "b", State.FAILED)
-    done = notification(event, "c", State.SUCCEEDED)
+    expired = delivery(event, "a", State.EXPIRED)
+    failed = delivery(event, "b", State.FAILED)
+    done = delivery(event, "c", State.SUCCEEDED)
     before = timezone.now()
 
-    assert operations.apply(Notification.objects.all(), "requeue", batch_size=1) == 2
+    assert operations.apply(Delivery.objects.all(), "requeue", batch_size=1) == 2
 
     for row in (expired, failed):
         row.refresh_from_db()
@@ -37,23 +37,23 @@ def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
 
 def test_apply__dry_run_counts_and_changes_nothing():
     event = events(1)[0]
-    notification(event, "a", State.EXPIRED)
-    notification(event, "b", State.PENDING)
-    rows = Notification.objects.all()
+    delivery(event, "a", State.EXPIRED)
+    delivery(event, "b", State.PENDING)
+    rows = Delivery.objects.all()
     assert operations.apply(rows, "requeue", dry_run=True) == 1
     assert operations.apply(rows, "expire", dry_run=True) == 1
-    assert Notification.objects.filter(state=State.EXPIRED).count() == 1
+    assert Delivery.objects.filter(state=State.EXPIRED).count() == 1
 
 
 def test_apply__unknown_transition_is_refused():
     with pytest.raises(ValueError, match="unknown transition"):
-        operations.apply(Notification.objects.all(), "delete")
+        operations.apply(Delivery.objects.all(), "delete")
 
 
 def test_requeue_deliveries__only_the_given_events():
     first, second = events(2)
-    a = notification(first, "a", State.EXPIRED)
-    b = notification(second, "a", State.EXPIRED)
+    a = delivery(first, "a", State.EXPIRED)
+    b = delivery(second, "a", State.EXPIRED)
     count = operations.requeue_deliveries(OutboxEvent.objects.filter(pk=first.pk))
     assert count == 1
     a.refresh_from_db()
@@ -61,28 +61,28 @@ def test_requeue_deliveries__only_the_given_events():
     assert (a.state, b.state) == (State.PENDING, State.EXPIRED)
 
 
-def test_notifications_matching__filters_and_aliases():
+def test_deliveries_matching__filters_and_aliases():
     event_a, event_b, event_c = events(3)
     old = timezone.now() - datetime.timedelta(days=3)
-    match = notification(event_a, "old.name", State.EXPIRED)
-    notification(
+    match = delivery(event_a, "old.name", State.EXPIRED)
+    delivery(
         event_b, "ops.record", State.EXPIRED, last_error_type="builtins.ValueError"
     )
-    notification(event_c, "ops.record", State.FAILED, updated_at=old)
+    delivery(event_c, "ops.record", State.FAILED, updated_at=old)
     with subscribed("OrderPlaced", aliases=["old.name"]):
-        rows = operations.notifications_matching(
+        rows = operations.deliveries_matching(
             subscriber="ops.record",
             states=[State.EXPIRED],
             error_type="builtins.ConnectionError",
             since=timezone.now() - datetime.timedelta(days=1),
         )
         assert list(rows) == [match]
-        every = operations.notifications_matching(subscriber="ops.record")
+        every = operations.deliveries_matching(subscriber="ops.record")
         assert every.count() == 3
         with pytest.raises(UnknownSubscriber, match="known: .*ops.record"):
-            operations.notifications_matching(subscriber="nobody")
+            operations.deliveries_matching(subscriber="nobody")
         with pytest.raises(UnknownSubscriber, match="did you mean 'ops.record'"):
-            operations.notifications_matching(subscriber="ops.recrod")
+            operations.deliveries_matching(subscriber="ops.recrod")
 
 
 def test_replay_to__creates_resets_and_skips():
@@ -92,15 +92,15 @@ def test_replay_to__creates_resets_and_skips():
         events(1)[0],
         events(1, event_type="Other")[0],
     )
-    succeeded = notification(done, "ops.record", State.SUCCEEDED)
-    busy = notification(running, "ops.record", State.RUNNING)
+    succeeded = delivery(done, "ops.record", State.SUCCEEDED)
+    busy = delivery(running, "ops.record", State.RUNNING)
     with subscribed("OrderPlaced"):
         result = operations.replay_to(
             OutboxEvent.objects.all(), "ops.record", batch_size=2
         )
     assert (result.created, result.reset, result.skipped) == (1, 1, 2)
     assert result.queued == 2
-    created = Notification.objects.get(event=fresh)
+    created = Delivery.objects.get(event=fresh)
     assert (created.subscriber, created.state, created.event_type) == (
         "ops.record",
         State.PENDING,
@@ -111,18 +111,18 @@ def test_replay_to__creates_resets_and_skips():
     assert succeeded.completed_at is None
     busy.refresh_from_db()
     assert busy.state == State.RUNNING
-    assert not Notification.objects.filter(event=other_type).exists()
+    assert not Delivery.objects.filter(event=other_type).exists()
 
 
 def test_replay_to__an_alias_resets_the_row_stored_under_the_old_name():
     event = events(1)[0]
-    old = notification(event, "old.name", State.EXPIRED)
+    old = delivery(event, "old.name", State.EXPIRED)
     with subscribed("OrderPlaced", aliases=["old.name"]):
         result = operations.replay_to(OutboxEvent.objects.all(), "ops.record")
     assert (result.created, result.reset) == (0, 1)
     old.refresh_from_db()
     assert old.state == State.PENDING
-    assert Notification.objects.count() == 1
+    assert Delivery.objects.count() == 1
 
 
 def test_replay_to__unknown_subscriber():

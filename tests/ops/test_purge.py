@@ -13,14 +13,14 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from outbox_app import Notification, OutboxEvent, outbox_action
+from outbox_app import Delivery, OutboxEvent, outbox_action
 from outbox_app.ops.purge import PurgeCounts, purge
 from outbox_app.store.lifecycle import State
 from tests.ops.factories import (
     age_events,
+    delivery,
     events,
     mark_delivered,
-    notification,
     subscribed,
 )
 
@@ -36,27 +36,27 @@ def world():
     rows = {}
     # Old, every delivery succeeded long ago: the event and its rows go.
     rows["finished"] = events(1)[0]
-    notification(rows["finished"], "a", State.SUCCEEDED, age=OLD)
-    notification(rows["finished"], "b", State.SUCCEEDED, age=OLD)
+    delivery(rows["finished"], "a", State.SUCCEEDED, age=OLD)
+    delivery(rows["finished"], "b", State.SUCCEEDED, age=OLD)
     # Old event with one old success and one unfinished delivery of each kind:
     # the event and the unfinished rows stay, the old success goes.
     for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
         event = events(1)[0]
         rows[state] = event
-        notification(event, "a", State.SUCCEEDED, age=OLD)
-        notification(event, "b", state, age=OLD)
+        delivery(event, "a", State.SUCCEEDED, age=OLD)
+        delivery(event, "b", state, age=OLD)
     # Old event whose last delivery succeeded recently (a requeue): stays whole.
     rows["recent_success"] = events(1)[0]
-    notification(rows["recent_success"], "a", State.SUCCEEDED, age=OLD)
-    notification(rows["recent_success"], "b", State.SUCCEEDED, age=RECENT)
+    delivery(rows["recent_success"], "a", State.SUCCEEDED, age=OLD)
+    delivery(rows["recent_success"], "b", State.SUCCEEDED, age=RECENT)
     # Recent event, finished: stays.
     rows["recent"] = events(1)[0]
-    notification(rows["recent"], "a", State.SUCCEEDED, age=RECENT)
+    delivery(rows["recent"], "a", State.SUCCEEDED, age=RECENT)
     old_events = [rows[k] for k in rows if k != "recent"]
     mark_delivered(*rows.values())
     # Old event never fanned out (nobody subscribes yet): stays.
-    rows["undelivered"] = events(1, event_type="NobodyYet")[0]
-    old_events.append(rows["undelivered"])
+    rows["awaiting"] = events(1, event_type="NobodyYet")[0]
+    old_events.append(rows["awaiting"])
     # Sentinels: the old one goes, the recent one stays.
     for key in ("old_sentinel", "recent_sentinel"):
         with transaction.atomic(), outbox_action("Nothing"):
@@ -73,31 +73,31 @@ def remaining_events() -> set:
 
 
 def test_purge__deletes_only_finished_rows_older_than_the_retention(world):
-    before = Notification.objects.count()
+    before = Delivery.objects.count()
 
     counts = purge(batch_size=2)
 
-    assert counts == PurgeCounts(events=1, notifications=7, sentinels=1)
-    assert Notification.objects.count() == before - 7
+    assert counts == PurgeCounts(events=1, deliveries=7, sentinels=1)
+    assert Delivery.objects.count() == before - 7
     gone = {world["finished"].pk, world["old_sentinel"].pk}
     assert remaining_events() == {row.pk for row in world.values()} - gone
     # Every unfinished delivery is still there, whatever its age.
     for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
-        assert Notification.objects.filter(event=world[state], state=state).exists()
-        assert not Notification.objects.filter(
+        assert Delivery.objects.filter(event=world[state], state=state).exists()
+        assert not Delivery.objects.filter(
             event=world[state], state=State.SUCCEEDED
         ).exists()
-    assert Notification.objects.filter(event=world["recent_success"]).count() == 1
-    assert Notification.objects.filter(event=world["recent"]).count() == 1
+    assert Delivery.objects.filter(event=world["recent_success"]).count() == 1
+    assert Delivery.objects.filter(event=world["recent"]).count() == 1
     # Running it again finds nothing.
     assert purge() == PurgeCounts()
 
 
 def test_purge__dry_run_counts_the_same_and_deletes_nothing(world):
-    before = (OutboxEvent.objects.count(), Notification.objects.count())
+    before = (OutboxEvent.objects.count(), Delivery.objects.count())
     counts = purge(dry_run=True)
-    assert counts == PurgeCounts(events=1, notifications=7, sentinels=1)
-    assert (OutboxEvent.objects.count(), Notification.objects.count()) == before
+    assert counts == PurgeCounts(events=1, deliveries=7, sentinels=1)
+    assert (OutboxEvent.objects.count(), Delivery.objects.count()) == before
 
 
 def test_purge__older_than_and_the_retention_setting(world):
@@ -142,7 +142,7 @@ def test_purge__pauses_after_each_batch_as_long_as_told(world, monkeypatch):
 
 
 def test_purge__yields_to_relays_with_work_waiting(monkeypatch):
-    """While a notification is due (or an event awaits fan-out) the purge
+    """While a delivery is due (or an event awaits fan-out) the purge
     sleeps ``busy_pause_ratio`` times a batch's duration, else ``pause_ratio``
     times; it looks at most once a second."""
     from outbox_app.ops.purge import _Pause
@@ -151,14 +151,14 @@ def test_purge__yields_to_relays_with_work_waiting(monkeypatch):
     monkeypatch.setattr("outbox_app.ops.purge.time.sleep", slept.append)
     event = events(1)[0]
     mark_delivered(event)
-    row = notification(event, "a", State.SUCCEEDED)
+    row = delivery(event, "a", State.SUCCEEDED)
     _Pause("default", 1, 4)(0.01)
     assert slept == [pytest.approx(0.01)]
-    Notification.objects.filter(pk=row.pk).update(state=State.PENDING)
+    Delivery.objects.filter(pk=row.pk).update(state=State.PENDING)
     pause = _Pause("default", 1, 4)
     pause(0.01)
     assert slept[-1] == pytest.approx(0.04)
-    Notification.objects.filter(pk=row.pk).update(state=State.SUCCEEDED)
+    Delivery.objects.filter(pk=row.pk).update(state=State.SUCCEEDED)
     pause(0.01)  # within the second: still taken as busy
     assert slept[-1] == pytest.approx(0.04)
     slept.clear()
@@ -180,9 +180,7 @@ def test_command__purges_and_prints_a_summary(world):
     out = io.StringIO()
     call_command("outbox_purge", "--batch-size", "3", stdout=out)
     text = out.getvalue()
-    assert (
-        "Deleted 1 event, 7 notifications, 1 sentinel row and 0 inbox messages." in text
-    )
+    assert "Deleted 1 event, 7 deliveries, 1 sentinel row and 0 inbox messages." in text
     assert "purged 9/9 rows (100%)" in text  # progress lines (not a terminal)
     assert not OutboxEvent.objects.filter(pk=world["finished"].pk).exists()
 
@@ -191,7 +189,7 @@ def test_command__dry_run(world):
     out = io.StringIO()
     call_command("outbox_purge", "--dry-run", "--older-than", "30", stdout=out)
     assert (
-        "Would delete 1 event, 7 notifications, 1 sentinel row and 0 inbox messages"
+        "Would delete 1 event, 7 deliveries, 1 sentinel row and 0 inbox messages"
         in (out.getvalue())
     )
     assert OutboxEvent.objects.filter(pk=world["finished"].pk).exists()
@@ -209,7 +207,7 @@ def test_command__bad_arguments():
 def test_command__pause_ratio(world):
     out = io.StringIO()
     call_command("outbox_purge", "--pause-ratio", "0", "-v", "0", stdout=out)
-    assert "Deleted 1 event, 7 notifications, 1 sentinel row and 0 inbox messages." in (
+    assert "Deleted 1 event, 7 deliveries, 1 sentinel row and 0 inbox messages." in (
         out.getvalue()
     )
 
@@ -222,7 +220,7 @@ def test_purge__a_replay_between_its_read_and_its_delete_loses_nothing(monkeypat
     from outbox_app.ops import purge as purging
 
     [event] = events(1)
-    row = notification(event, "ops.record", State.SUCCEEDED, age=OLD)
+    row = delivery(event, "ops.record", State.SUCCEEDED, age=OLD)
     mark_delivered(event)
     age_events([event], OLD)
     atomic, replayed = purging.transaction.atomic, []

@@ -10,9 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from outbox_app import Notification
+from outbox_app import Delivery
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification, subscribed
+from tests.ops.factories import delivery, events, subscribed
 
 pytestmark = pytest.mark.django_db
 
@@ -22,13 +22,13 @@ def rows():
     first, second, third, fourth = events(4)
     long_ago = timezone.now() - datetime.timedelta(days=10)
     return {
-        "expired": notification(first, "ops.record", State.EXPIRED),
-        "failed": notification(second, "ops.record", State.FAILED),
-        "value_error": notification(
+        "expired": delivery(first, "ops.record", State.EXPIRED),
+        "failed": delivery(second, "ops.record", State.FAILED),
+        "value_error": delivery(
             third, "ops.record", State.EXPIRED, last_error_type="builtins.ValueError"
         ),
-        "old": notification(fourth, "ops.record", State.EXPIRED, updated_at=long_ago),
-        "other": notification(first, "other", State.EXPIRED),
+        "old": delivery(fourth, "ops.record", State.EXPIRED, updated_at=long_ago),
+        "other": delivery(first, "other", State.EXPIRED),
     }
 
 
@@ -40,12 +40,12 @@ def requeue(*args: str) -> str:
 
 
 def states(rows) -> dict[str, str]:
-    return {key: Notification.objects.get(pk=row.pk).state for key, row in rows.items()}
+    return {key: Delivery.objects.get(pk=row.pk).state for key, row in rows.items()}
 
 
 def test_requeue__every_failed_and_expired_row_of_the_subscriber(rows):
     out = requeue("--subscriber", "ops.record")
-    assert "Requeued 4 FAILED/EXPIRED notifications of ops.record." in out
+    assert "Requeued 4 FAILED/EXPIRED deliveries of ops.record." in out
     assert states(rows) == {
         "expired": State.PENDING,
         "failed": State.PENDING,
@@ -53,7 +53,7 @@ def test_requeue__every_failed_and_expired_row_of_the_subscriber(rows):
         "old": State.PENDING,
         "other": State.EXPIRED,
     }
-    requeued = Notification.objects.get(pk=rows["expired"].pk)
+    requeued = Delivery.objects.get(pk=rows["expired"].pk)
     assert requeued.attempts == 0
     assert requeued.last_error == "broker down"
 
@@ -70,7 +70,7 @@ def test_requeue__filters_combine(rows):
         "--since",
         yesterday,
     )
-    assert "Requeued 1 EXPIRED notification of ops.record." in out
+    assert "Requeued 1 EXPIRED delivery of ops.record." in out
     assert states(rows)["expired"] == State.PENDING
     assert sum(s == State.PENDING for s in states(rows).values()) == 1
 
@@ -83,7 +83,7 @@ def test_requeue__since_accepts_a_date_time_with_offset(rows):
 
 def test_requeue__dry_run_changes_nothing(rows):
     out = requeue("--subscriber", "ops.record", "--state", "FAILED", "--dry-run")
-    assert "Would requeue 1 FAILED notification of ops.record (dry run" in out
+    assert "Would requeue 1 FAILED delivery of ops.record (dry run" in out
     assert states(rows)["failed"] == State.FAILED
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from outbox_app.ops import status
 from outbox_app.store.lifecycle import State
-from tests.ops.factories import events, notification, subscribed
+from tests.ops.factories import delivery, events, subscribed
 
 pytestmark = pytest.mark.django_db
 
@@ -23,10 +23,10 @@ NOW = datetime.datetime(2025, 3, 1, 12, 30, 20, tzinfo=datetime.UTC)
 
 def test_overview__counts_lag_expired_per_subscriber():
     first, second, third = events(3)
-    notification(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
-    notification(second, "ops.record", State.FAILED, age=datetime.timedelta(minutes=2))
-    notification(third, "ops.record", State.EXPIRED)
-    notification(first, "gone.handler", State.PENDING, age=datetime.timedelta(hours=5))
+    delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
+    delivery(second, "ops.record", State.FAILED, age=datetime.timedelta(minutes=2))
+    delivery(third, "ops.record", State.EXPIRED)
+    delivery(first, "gone.handler", State.PENDING, age=datetime.timedelta(hours=5))
     with subscribed("OrderPlaced"):
         data = status.overview()
 
@@ -61,10 +61,10 @@ def test_overview__counts_lag_expired_per_subscriber():
 def test_overview__blocked_aggregates_of_ordered_subscribers():
     a1, a2 = events(2, aggregate=("shop.Order", 1))
     (b1,) = events(1, aggregate=("shop.Order", 2))
-    notification(a1, "ops.ordered", State.EXPIRED)
-    notification(a2, "ops.ordered", State.PENDING)
-    notification(b1, "ops.ordered", State.EXPIRED)
-    notification(b1, "ops.record", State.EXPIRED)
+    delivery(a1, "ops.ordered", State.EXPIRED)
+    delivery(a2, "ops.ordered", State.PENDING)
+    delivery(b1, "ops.ordered", State.EXPIRED)
+    delivery(b1, "ops.record", State.EXPIRED)
     with (
         subscribed("OrderPlaced", name="ops.ordered", ordered=True),
         subscribed("OrderPlaced"),
@@ -84,12 +84,12 @@ def test_overview__undelivered_events_and_fan_out_lag():
     OutboxEvent.objects.filter(pk=old[0].pk).update(
         created_at=timezone.now() - datetime.timedelta(minutes=10)
     )
-    assert status.overview()["oldest_undelivered_seconds"] is None  # no subscriber
+    assert status.overview()["oldest_awaiting_fanout_seconds"] is None  # no subscriber
     with subscribed("OrderPlaced"):
         data = status.overview()
-    assert data["undelivered_events"] == 2
-    assert 599 <= data["oldest_undelivered_seconds"] <= 630
-    assert data["lag_seconds"] == data["oldest_undelivered_seconds"]
+    assert data["events_awaiting_fanout"] == 2
+    assert 599 <= data["oldest_awaiting_fanout_seconds"] <= 630
+    assert data["lag_seconds"] == data["oldest_awaiting_fanout_seconds"]
 
 
 def test_deliveries_per_minute__buckets_by_utc_minute():
@@ -102,8 +102,8 @@ def test_deliveries_per_minute__buckets_by_utc_minute():
         ("d", NOW - 3 * minute),
         ("e", NOW - 24 * 60 * minute),  # more than 24 h ago: left out
     ]:
-        notification(event, subscriber, State.SUCCEEDED, completed_at=completed)
-    notification(event, "f", State.EXPIRED, completed_at=NOW)  # not a delivery
+        delivery(event, subscriber, State.SUCCEEDED, completed_at=completed)
+    delivery(event, "f", State.EXPIRED, completed_at=NOW)  # not a delivery
 
     data = status.deliveries_per_minute(now=NOW)
 
@@ -140,7 +140,7 @@ def run(*args: str) -> tuple[str, int]:
 
 def test_command__table_and_exit_zero_when_healthy():
     event = events(1)[0]
-    notification(event, "ops.record", State.SUCCEEDED)
+    delivery(event, "ops.record", State.SUCCEEDED)
     with subscribed("OrderPlaced"):
         out, code = run()
     assert code == 0
@@ -151,7 +151,7 @@ def test_command__table_and_exit_zero_when_healthy():
 
 def test_command__json_shape():
     event = events(1)[0]
-    notification(event, "ops.record", State.EXPIRED)
+    delivery(event, "ops.record", State.EXPIRED)
     with subscribed("OrderPlaced"):
         out, code = run("--json")
     assert code == 0
@@ -166,8 +166,8 @@ def test_command__json_shape():
         "scheduled",
         "next_scheduled",
         "blocked_aggregates",
-        "undelivered_events",
-        "oldest_undelivered_seconds",
+        "events_awaiting_fanout",
+        "oldest_awaiting_fanout_seconds",
         "subscribers",
         "deliveries",
         "inbox",
@@ -201,13 +201,13 @@ def test_command__json_shape():
 
 def test_command__max_expired_crossed_exits_2():
     event = events(1)[0]
-    notification(event, "ops.record", State.EXPIRED)
-    notification(event, "other", State.EXPIRED)
+    delivery(event, "ops.record", State.EXPIRED)
+    delivery(event, "other", State.EXPIRED)
     assert run("--max-expired", "2")[1] == 0
     out, code = run("--max-expired", "1", "--json")
     assert code == 2
     assert json.loads(out)["problems"] == [
-        "2 expired notifications, more than --max-expired 1"
+        "2 expired deliveries, more than --max-expired 1"
     ]
 
 
@@ -227,7 +227,7 @@ def test_command__max_parked_counts_the_inbox_dead_letter():
 
 def test_command__max_lag_crossed_exits_2():
     event = events(1)[0]
-    notification(event, "ops.record", State.PENDING, age=datetime.timedelta(minutes=2))
+    delivery(event, "ops.record", State.PENDING, age=datetime.timedelta(minutes=2))
     with subscribed("OrderPlaced"):
         assert run("--max-lag", "300")[1] == 0
         out, code = run("--max-lag", "60")
@@ -238,7 +238,7 @@ def test_command__max_lag_crossed_exits_2():
 def test_command__process_exit_status(capsys):
     """What cron and a Kubernetes probe see: the process's exit status."""
     event = events(1)[0]
-    notification(event, "ops.record", State.EXPIRED)
+    delivery(event, "ops.record", State.EXPIRED)
     with pytest.raises(SystemExit) as exited:
         ManagementUtility(
             ["manage.py", "outbox_status", "--max-expired", "0"]

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.db.models import Count
 
-from outbox_app import Notification, publish
+from outbox_app import Delivery, publish
 from outbox_app.store.lifecycle import State
 from tests.processes import Watched, kill_other_connections, spawn, wait_for
 from tests.testapp.events import OrderPlaced
@@ -44,9 +44,7 @@ def test_once__drains_and_prints_a_summary(handlers):
         r"delivered 60, failed 0, expired 0, fanned out 30, .* deliveries/s", text
     )
     assert SideEffect.objects.count() == 60
-    assert set(Notification.objects.values_list("state", flat=True)) == {
-        State.SUCCEEDED
-    }
+    assert set(Delivery.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
 
 
 def test_once__only_handlers_or_publishers(handlers):
@@ -55,9 +53,9 @@ def test_once__only_handlers_or_publishers(handlers):
     out = StringIO()
     call_command("relay", "--once", "--only", "publishers", stdout=out)
     assert "delivered 0" in out.getvalue()  # no publisher configured here
-    assert Notification.objects.filter(state=State.PENDING).count() == 6
+    assert Delivery.objects.filter(state=State.PENDING).count() == 6
     call_command("relay", "--once", "--only", "handlers", stdout=StringIO())
-    assert Notification.objects.filter(state=State.SUCCEEDED).count() == 6
+    assert Delivery.objects.filter(state=State.SUCCEEDED).count() == 6
 
 
 def test_bad_arguments_are_clear_errors():
@@ -86,7 +84,7 @@ def test_sigterm__finishes_the_batch_releases_the_rest_exits_0(tmp_path):
             relay.communicate()
     assert relay.returncode == 0, err
     assert "delivered" in out
-    states = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
+    states = dict(Delivery.objects.values_list("state").annotate(n=Count("id")))
     assert State.RUNNING not in states
     assert states.get(State.SUCCEEDED, 0) == SideEffect.objects.count() > 0
     assert states.get(State.PENDING, 0) > 0  # released or never claimed
@@ -132,7 +130,7 @@ def test_a_project_logging_config_prints_each_line_once(handlers):
     assert len([line for line in err.splitlines() if "relay iteration" in line]) == 1
 
 
-def test_wakes_within_a_poll_by_notification_or_on_commit(vendor):
+def test_wakes_within_a_poll_by_notify_or_on_commit(vendor):
     """With a 60 s poll interval, the relay delivers an event published while it
     is idle because it is woken: by LISTEN/NOTIFY on PostgreSQL."""
     if vendor != "postgresql":

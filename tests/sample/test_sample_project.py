@@ -133,8 +133,8 @@ def test_business_rule_failure_expires_as_expected(shop_env, simulation):
         "shell",
         "-c",
         (
-            "from outbox_app import Notification; import json; print(json.dumps(sorted("
-            "set(Notification.objects.filter(subscriber='shop.fraud_check')"
+            "from outbox_app import Delivery; import json; print(json.dumps(sorted("
+            "set(Delivery.objects.filter(subscriber='shop.fraud_check')"
             ".exclude(state='SUCCEEDED').values_list('state', 'attempts', "
             "'last_error_type')))))"
         ),

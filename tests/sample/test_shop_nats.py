@@ -90,12 +90,12 @@ def shop(tmp_path):
 
 
 def outbox(env: dict) -> dict:
-    """The committed event ids and the "nats" notifications (state, attempts)."""
+    """The committed event ids and the "nats" deliveries (state, attempts)."""
     script = (
-        "import json; from outbox_app import Notification, OutboxEvent; "
+        "import json; from outbox_app import Delivery, OutboxEvent; "
         "print(json.dumps({'events': [str(i) for i in OutboxEvent.objects"
         ".exclude(event_type=None).values_list('id', flat=True)], 'nats': list("
-        "Notification.objects.filter(subscriber='nats').values_list('state', "
+        "Delivery.objects.filter(subscriber='nats').values_list('state', "
         "'attempts'))}))"
     )
     return json.loads(_manage(env, "shell", "-c", script).stdout.splitlines()[-1])

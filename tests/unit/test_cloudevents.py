@@ -34,7 +34,7 @@ def make(**fields) -> DeliveryContext:
         "occurred_at": datetime.datetime(2025, 6, 1, 12, 0, 0, 123456, datetime.UTC),
         "attempt": 3,
         "subscriber": "rabbitmq",
-        "notification_id": 99,
+        "delivery_id": 99,
     }
     values.update(fields)
     return DeliveryContext(**values)
@@ -101,9 +101,9 @@ def test_attribute_names_follow_the_naming_rule():
 
 
 def test_delivery_details_are_not_part_of_the_event():
-    # A redelivery sends the same event: attempt/subscriber/notification differ.
+    # A redelivery sends the same event: attempt/subscriber/delivery differ.
     first = to_cloudevent(make())
-    assert first == to_cloudevent(make(attempt=1, subscriber="x", notification_id=1))
+    assert first == to_cloudevent(make(attempt=1, subscriber="x", delivery_id=1))
 
 
 def test_json_round_trip_and_zero_aggregate_version_kept():

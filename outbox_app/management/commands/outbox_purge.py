@@ -43,8 +43,8 @@ _positive.__name__ = "positive integer"
 class Command(BaseCommand):
     help = (
         "Delete finished outbox rows older than the retention: SUCCEEDED "
-        "notifications, events whose every delivery succeeded, and sentinel rows. "
-        "Never deletes PENDING, RUNNING, FAILED or EXPIRED notifications, events "
+        "deliveries, events whose every delivery succeeded, and sentinel rows. "
+        "Never deletes PENDING, RUNNING, FAILED or EXPIRED deliveries, events "
         "that still have one, nor events not fanned out yet. Deletes in batches "
         "(one short transaction each); safe to interrupt and rerun."
     )
@@ -83,7 +83,7 @@ class Command(BaseCommand):
             type=_ratio,
             default=purge.DEFAULT_BUSY_PAUSE_RATIO,
             metavar="RATIO",
-            help="The same while relays have work waiting (due notifications or "
+            help="The same while relays have work waiting (due deliveries or "
             "events awaiting fan-out; looked at once a second): the purge yields "
             "to them (default: %(default)s: at most a fifth of the time).",
         )
@@ -113,7 +113,7 @@ class Command(BaseCommand):
         verb = "Would delete" if options["dry_run"] else "Deleted"
         summary = (
             f"{verb} {counts.events} event{pluralize(counts.events)}, "
-            f"{counts.notifications} notification{pluralize(counts.notifications)}, "
+            f"{counts.deliveries} deliver{pluralize(counts.deliveries, 'y,ies')}, "
             f"{counts.sentinels} sentinel row{pluralize(counts.sentinels)} and "
             f"{counts.inbox} inbox message{pluralize(counts.inbox)}."
         )
@@ -142,7 +142,7 @@ class _Progress:
         text = (
             f"{done.total}/{expected.total} rows ({fraction:.0%}): "
             f"{done.events} event{pluralize(done.events)}, "
-            f"{done.notifications} notification{pluralize(done.notifications)}, "
+            f"{done.deliveries} deliver{pluralize(done.deliveries, 'y,ies')}, "
             f"{done.sentinels} sentinel{pluralize(done.sentinels)}, "
             f"{done.inbox} inbox message{pluralize(done.inbox)}"
         )

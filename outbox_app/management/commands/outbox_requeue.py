@@ -33,7 +33,7 @@ _moment.__name__ = "date"
 
 class Command(BaseCommand):
     help = (
-        "Requeue a subscriber's failed and/or expired notifications: they become "
+        "Requeue a subscriber's failed and/or expired deliveries: they become "
         "PENDING and due now, with their attempts reset; the last error is kept "
         "as history until the next attempt. Works in batches, so any number of "
         "rows is fine. The same as the admin's 'Requeue' action."
@@ -50,26 +50,26 @@ class Command(BaseCommand):
         parser.add_argument(
             "--state",
             choices=[str(s) for s in REQUEUEABLE],
-            help="Only EXPIRED or only FAILED notifications (default: both).",
+            help="Only EXPIRED or only FAILED deliveries (default: both).",
         )
         parser.add_argument(
             "--error-type",
             metavar="PATH",
-            help="Only notifications whose last error has this exact dotted type, "
+            help="Only deliveries whose last error has this exact dotted type, "
             "e.g. builtins.ConnectionError or kombu.exceptions.OperationalError.",
         )
         parser.add_argument(
             "--since",
             type=_moment,
             metavar="DATE",
-            help="Only notifications that last failed (or changed) at or after "
+            help="Only deliveries that last failed (or changed) at or after "
             "DATE: 2025-01-31 or 2025-01-31T14:00 (current time zone) or with "
             "an offset, 2025-01-31T14:00+00:00.",
         )
         parser.add_argument(
             "--dry-run",
             action="store_true",
-            help="Count the notifications that would be requeued; change nothing.",
+            help="Count the deliveries that would be requeued; change nothing.",
         )
         parser.add_argument(
             "--database",
@@ -80,7 +80,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         states = [State(options["state"])] if options["state"] else REQUEUEABLE
         try:
-            rows = operations.notifications_matching(
+            rows = operations.deliveries_matching(
                 subscriber=options["subscriber"],
                 states=states,
                 error_type=options["error_type"],
@@ -91,7 +91,7 @@ class Command(BaseCommand):
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
         what = "/".join(str(s) for s in states)
-        noun = "notification" if count == 1 else "notifications"
+        noun = "delivery" if count == 1 else "deliveries"
         if options["dry_run"]:
             self.stdout.write(
                 f"Would requeue {count} {what} {noun} of {options['subscriber']} "

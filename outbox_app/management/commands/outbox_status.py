@@ -32,9 +32,9 @@ def _non_negative(kind):
 
 class Command(BaseCommand):
     help = (
-        "Show the outbox: per subscriber, notifications by state, deliveries "
+        "Show the outbox: per subscriber, deliveries by state, deliveries "
         "scheduled for later (publish(deliver_at=...)), the lag (how long the "
-        "oldest delivery has waited since it was due), expired notifications, "
+        "oldest delivery has waited since it was due), expired deliveries, "
         "aggregates an "
         "expired delivery blocks, events waiting for fan-out, deliveries in the "
         "last 24 hours and the inbox's messages per consumer. With --max-lag / "
@@ -72,7 +72,7 @@ class Command(BaseCommand):
             "--max-expired",
             type=_non_negative(int),
             metavar="N",
-            help="Unhealthy when more than N notifications are EXPIRED.",
+            help="Unhealthy when more than N deliveries are EXPIRED.",
         )
         parser.add_argument(
             "--max-parked",
@@ -148,7 +148,7 @@ class Command(BaseCommand):
                     )
                 )
         else:
-            write("No handler or publisher is configured and no notification exists.")
+            write("No handler or publisher is configured and no delivery exists.")
         write("")
         write(f"lag:                 {_seconds(data['lag_seconds'])}")
         scheduled = data["scheduled"]
@@ -159,12 +159,10 @@ class Command(BaseCommand):
         )
         write(f"expired:             {data['expired']}")
         write(f"blocked aggregates:  {data['blocked_aggregates']}")
-        undelivered = data["undelivered_events"]
-        oldest = data["oldest_undelivered_seconds"]
+        awaiting = data["events_awaiting_fanout"]
+        oldest = data["oldest_awaiting_fanout_seconds"]
         suffix = "" if oldest is None else f" (oldest subscribed: {_seconds(oldest)})"
-        write(
-            f"awaiting fan-out:    {undelivered} event{pluralize(undelivered)}{suffix}"
-        )
+        write(f"awaiting fan-out:    {awaiting} event{pluralize(awaiting)}{suffix}")
         deliveries = data["deliveries"]
         write(
             f"delivered in 24 h:   {deliveries['total']} "
@@ -191,7 +189,7 @@ class Command(BaseCommand):
                     f"UNSERVED: {row['subscriber']} <- {row['event_type']} "
                     f"({row['kind']}): no running relay has it, last seen "
                     f"{_seconds(row['last_seen_seconds'])} ago by "
-                    f"{row['last_seen_by'] or '?'}; its notifications wait "
+                    f"{row['last_seen_by'] or '?'}; its deliveries wait "
                     "(manage.py outbox_subscribers)"
                 )
             )

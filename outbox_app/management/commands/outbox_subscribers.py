@@ -20,8 +20,8 @@ from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import INBOX_REQUEUEABLE, UNFINISHED
 from outbox_app.store.models import (
     ConsumerSubscription,
+    Delivery,
     InboxMessage,
-    Notification,
     Subscription,
 )
 from outbox_app.store.querysets import SERVED_SECONDS
@@ -32,9 +32,9 @@ class Command(BaseCommand):
     help = (
         "List the subscriptions relays recorded: one row per subscriber and event "
         "type, whether a running relay serves it (refreshed within "
-        f"{SERVED_SECONDS // 60} minutes) and how many of its notifications are "
+        f"{SERVED_SECONDS // 60} minutes) and how many of its deliveries are "
         "unfinished; and the consumers consume processes recorded, with their "
-        "failed and parked inbox messages. Fan-out creates notifications for "
+        "failed and parked inbox messages. Fan-out creates deliveries for "
         "every active subscription, whichever relay runs it; a consume process "
         "keeps a message for every active consumer of its queue that it lacks. "
         "--record records this code's subscribers and consumers now (a deploy "
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             "--waiting",
             choices=operations.WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
-            "EXPIRED notifications (they become SKIPPED), or parks a consumer's "
+            "EXPIRED deliveries (they become SKIPPED), or parks a consumer's "
             "FAILED inbox messages; 'keep' leaves them for a process that has it.",
         )
         parser.add_argument(
@@ -113,7 +113,7 @@ class Command(BaseCommand):
             if options["waiting"] is None:
                 raise CommandError(
                     "--retire needs --waiting skip (give up its waiting "
-                    "notifications) or --waiting keep (leave them)"
+                    "deliveries) or --waiting keep (leave them)"
                 )
             how = {
                 "waiting": options["waiting"],
@@ -125,7 +125,7 @@ class Command(BaseCommand):
                     retired, skipped = operations.retire(rows, **how)
                     self.stdout.write(
                         f"Retired {retired} subscriptions of {name}; "
-                        f"{skipped} waiting notifications skipped."
+                        f"{skipped} waiting deliveries skipped."
                     )
                 if consumers.exists():
                     retired, parked = recorded.retire(consumers, **how)
@@ -163,9 +163,7 @@ class Command(BaseCommand):
                 "No subscription is recorded yet (no relay nor consume has run)."
             )
             return
-        unfinished = _counts(
-            Notification.objects.using(using), "subscriber", UNFINISHED
-        )
+        unfinished = _counts(Delivery.objects.using(using), "subscriber", UNFINISHED)
         failing = _counts(
             InboxMessage.objects.using(using), "consumer", INBOX_REQUEUEABLE
         )

@@ -15,7 +15,7 @@ from outbox_app.exceptions import OutboxError
 from outbox_app.execution.metrics import relay_metrics
 from outbox_app.relay import RelayReport
 from outbox_app.relay.worker import RelayWorker
-from outbox_app.store.models import Notification, OutboxEvent
+from outbox_app.store.models import Delivery, OutboxEvent
 
 KINDS = {"publishers": "publisher", "handlers": "handler"}
 
@@ -146,8 +146,8 @@ class _Progress:
 
     def __init__(self, command: BaseCommand, using: str):
         self.command = command
-        due = Notification.objects.using(using).due().count()
-        waiting = OutboxEvent.objects.using(using).undelivered().count()
+        due = Delivery.objects.using(using).due().count()
+        waiting = OutboxEvent.objects.using(using).awaiting_fanout().count()
         self.total = max(due + waiting, 1)
         self.done = 0
 

@@ -4,7 +4,7 @@ and the broker consumer catch up, and reconcile both ends of the outbox.
 The broker reconciliation (published vs consumed) covers the publisher named
 ``"broker"``, the one ``manage.py consume`` reads back; a NATS JetStream
 publisher (``SHOP_NATS_URL``) is reconciled on the outbox side: every committed
-event it receives has a SUCCEEDED notification (the stream stored it).
+event it receives has a SUCCEEDED delivery (the stream stored it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from django.db import connections
 from django.db.models import Count
 from django.test import Client
 
-from outbox_app import Notification, OutboxEvent
+from outbox_app import Delivery, OutboxEvent
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
 from outbox_app.relay import relay_once
@@ -153,20 +153,20 @@ class Command(BaseCommand):
 
 
 def _outstanding() -> int:
-    """Events not fanned out + notifications not finished + broker deliveries
+    """Events not fanned out + deliveries not finished + broker deliveries
     not consumed yet."""
-    broker = Notification.objects.filter(
+    broker = Delivery.objects.filter(
         subscriber__in=_broker_names(), state=State.SUCCEEDED
     ).count()
     return (
-        OutboxEvent.objects.undelivered().count()
-        + Notification.objects.filter(state__in=UNFINISHED).count()
+        OutboxEvent.objects.awaiting_fanout().count()
+        + Delivery.objects.filter(state__in=UNFINISHED).count()
         + max(broker - ConsumedMessage.objects.count(), 0)
     )
 
 
 def _broker_names() -> tuple[str, ...]:
-    """The names the "broker" publisher's notifications are stored under (its
+    """The names the "broker" publisher's deliveries are stored under (its
     own and its aliases); empty when there is none."""
     for publisher in subscribers("publisher"):
         if publisher.name == BROKER:
@@ -312,7 +312,7 @@ class _Reconciliation:
             f"committed events: {sum(committed.values())} "
             + ", ".join(f"{t} {n}" for t, n in sorted(committed.items()))
         )
-        not_fanned = OutboxEvent.objects.undelivered().count()
+        not_fanned = OutboxEvent.objects.awaiting_fanout().count()
         if not_fanned:
             problems.append(f"{not_fanned} events not fanned out")
         header = (
@@ -324,7 +324,7 @@ class _Reconciliation:
         write("-" * len(header))
         for sub in sorted(subscribers(), key=lambda s: s.name):
             expected = sum(n for t, n in committed.items() if sub.receives(t))
-            rows = Notification.objects.filter(subscriber__in=sub.stored_names)
+            rows = Delivery.objects.filter(subscriber__in=sub.stored_names)
             states = Counter(
                 dict(
                     rows.values_list("state")
@@ -369,7 +369,7 @@ class _Reconciliation:
         problems = []
         sent = {
             str(i)
-            for i in Notification.objects.filter(
+            for i in Delivery.objects.filter(
                 subscriber__in=_broker_names(), state=State.SUCCEEDED
             ).values_list("event_id", flat=True)
         }
@@ -411,7 +411,7 @@ class _Reconciliation:
 
     def _nats(self, publisher, write) -> list[str]:
         """Every committed event the NATS publisher receives has a SUCCEEDED
-        notification: its PubAck came back, so the stream holds it (once: its
+        delivery: its PubAck came back, so the stream holds it (once: its
         Nats-Msg-Id names the event)."""
         committed = {
             i
@@ -421,7 +421,7 @@ class _Reconciliation:
             if publisher.receives(event_type)
         }
         delivered = set(
-            Notification.objects.filter(
+            Delivery.objects.filter(
                 subscriber__in=publisher.stored_names, state=State.SUCCEEDED
             ).values_list("event_id", flat=True)
         )

@@ -1,4 +1,4 @@
-"""The notifications' admin: the list, a notification's page with the
+"""The deliveries' admin: the list, a delivery's page with the
 transitions its state allows, the actions (one table, :data:`TRANSITIONS`),
 and "requeue everything matching the current filter"."""
 
@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.http import (
     Http404,
     HttpResponseNotAllowed,
+    HttpResponsePermanentRedirect,
     HttpResponseRedirect,
 )
 from django.template.response import TemplateResponse
@@ -29,7 +30,7 @@ from ..ops import operations
 from ..relay.outcomes import LAPSED_ERROR_TYPE
 from ..store.clock import database_now
 from ..store.lifecycle import State
-from ..store.models import Notification
+from ..store.models import Delivery, Notification
 from ..templatetags.outbox_admin import duration
 from .base import (
     LOG_EACH_MAX,
@@ -42,61 +43,61 @@ from .base import (
 )
 
 #: What each operator's transition (``operations.TRANSITION_STATES``) is called
-#: in the admin: its action, its button on a notification's page, the admin log
+#: in the admin: its action, its button on a delivery's page, the admin log
 #: line, and what it tells the operator.
 TRANSITIONS: dict[str, dict[str, Any]] = {
     "requeue": {
-        "action": gettext_lazy("Requeue selected notifications (failed or expired)"),
+        "action": gettext_lazy("Requeue selected deliveries (failed or expired)"),
         "button": gettext_lazy("Requeue"),
         "log": gettext_lazy("Requeued: due now, attempts reset."),
         "done": lambda n: ngettext(
-            "%(count)d notification was requeued.",
-            "%(count)d notifications were requeued.",
+            "%(count)d delivery was requeued.",
+            "%(count)d deliveries were requeued.",
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was requeued: only failed or expired notifications can be."
+            "Nothing was requeued: only failed or expired deliveries can be."
         ),
     },
     "retry_now": {
-        "action": gettext_lazy("Retry selected failed notifications now"),
+        "action": gettext_lazy("Retry selected failed deliveries now"),
         "button": gettext_lazy("Retry now"),
         "log": gettext_lazy("Retry now: due now."),
         "done": lambda n: ngettext(
-            "%(count)d failed notification is due now.",
-            "%(count)d failed notifications are due now.",
+            "%(count)d failed delivery is due now.",
+            "%(count)d failed deliveries are due now.",
             n,
         ),
         "none": gettext_lazy(
-            "Nothing to retry: only failed notifications can be retried now."
+            "Nothing to retry: only failed deliveries can be retried now."
         ),
     },
     "expire": {
-        "action": gettext_lazy("Mark selected notifications expired (stop retrying)"),
+        "action": gettext_lazy("Mark selected deliveries expired (stop retrying)"),
         "button": gettext_lazy("Mark expired"),
         "log": gettext_lazy("Marked expired: no more attempts."),
         "done": lambda n: ngettext(
-            "%(count)d notification was marked expired.",
-            "%(count)d notifications were marked expired.",
+            "%(count)d delivery was marked expired.",
+            "%(count)d deliveries were marked expired.",
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was marked expired: only pending or failed notifications can be."
+            "Nothing was marked expired: only pending or failed deliveries can be."
         ),
     },
     "skip": {
         "action": gettext_lazy(
-            "Skip selected failed or expired notifications (give up delivering)"
+            "Skip selected failed or expired deliveries (give up delivering)"
         ),
         "button": gettext_lazy("Skip"),
         "log": gettext_lazy("Skipped: will not be delivered; its aggregate flows on."),
         "done": lambda n: ngettext(
-            "%(count)d notification was skipped.",
-            "%(count)d notifications were skipped.",
+            "%(count)d delivery was skipped.",
+            "%(count)d deliveries were skipped.",
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was skipped: only failed or expired notifications can be."
+            "Nothing was skipped: only failed or expired deliveries can be."
         ),
     },
 }
@@ -132,8 +133,8 @@ class ScheduledFilter(admin.SimpleListFilter):
         return queryset
 
 
-@admin.register(Notification)
-class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
+@admin.register(Delivery)
+class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
     list_display = [
         "id",
         "event_link",
@@ -154,7 +155,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
     ]
     search_fields = ["aggregate_id"]
     search_help_text = gettext_lazy(
-        "Notification id, event id, aggregate id (exact) or words of the last error."
+        "Delivery id, event id, aggregate id (exact) or words of the last error."
     )
     show_full_result_count = False
     actions = ["requeue_selected", "retry_now", "mark_expired", "skip_selected"]
@@ -214,7 +215,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
     # --- columns and detail fields ---
 
     @admin.display(description=gettext_lazy("event"), ordering="event_id")
-    def event_link(self, obj: Notification):
+    def event_link(self, obj: Delivery):
         url = reverse(
             f"{self.admin_site.name}:outbox_app_outboxevent_change",
             args=[quote(obj.event_id)],
@@ -222,13 +223,13 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', url, short_uuid(obj.event_id))
 
     @admin.display(description=gettext_lazy("subscriber"), ordering="subscriber")
-    def subscriber_name(self, obj: Notification):
+    def subscriber_name(self, obj: Delivery):
         """May wrap after each dot of a dotted name (shop.<wbr>send_email)."""
         parts = obj.subscriber.split(".")
         return format_html_join(mark_safe(".<wbr>"), "{}", ((p,) for p in parts))
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
-    def state_label(self, obj: Notification):
+    def state_label(self, obj: Delivery):
         """The coloured state and, once tried more than once, its attempts
         ("failed x2", with a multiplication sign)."""
         if obj.attempts < 2:
@@ -241,7 +242,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
         )
 
     @admin.display(description=gettext_lazy("next try"), ordering="next_retry_at")
-    def next_retry(self, obj: Notification):
+    def next_retry(self, obj: Delivery):
         """When it is due (PENDING, FAILED) or its lease runs out (RUNNING), from
         now; nothing for a finished row, whose ``next_retry_at`` means nothing.
         The exact time is the title."""
@@ -267,18 +268,18 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
         )
 
     @admin.display(description=gettext_lazy("last error"))
-    def short_error(self, obj: Notification):
+    def short_error(self, obj: Delivery):
         """The error's class name and the start of its message; the dotted
         type (what the filter and ``--error-type`` take) and the whole message
         are the title. The one column that wraps, so the list fits."""
         return error_summary(obj.last_error_type, obj.last_error)
 
     @admin.display(description=gettext_lazy("error"))
-    def error_text(self, obj: Notification):
+    def error_text(self, obj: Delivery):
         return pre(obj.last_error)
 
     @admin.display(description=gettext_lazy("traceback"))
-    def traceback_text(self, obj: Notification):
+    def traceback_text(self, obj: Delivery):
         return pre(obj.last_traceback)
 
     def get_search_results(self, request, queryset, search_term):
@@ -313,13 +314,13 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             )
         count = operations.apply(queryset, transition)
         if count:
-            self._log(request, Notification, logged, count, log)
+            self._log(request, Delivery, logged, count, log)
             skipped = len(selection) - count if selection is not None else 0
             said = done(count) % {"count": count}
             if skipped > 0:
                 said += " " + ngettext(
-                    "%(count)d selected notification was left as it was.",
-                    "%(count)d selected notifications were left as they were.",
+                    "%(count)d selected delivery was left as it was.",
+                    "%(count)d selected deliveries were left as they were.",
                     skipped,
                 ) % {"count": skipped}
             self.message_user(request, said, messages.SUCCESS)
@@ -327,7 +328,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             self.message_user(request, none, messages.WARNING)
 
     def transition_view(self, request, object_id: str, transition: str):
-        """POST from a notification's page: one transition on that row (the
+        """POST from a delivery's page: one transition on that row (the
         buttons :meth:`change_view` shows), then back to the page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
@@ -337,11 +338,11 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             raise Http404(f"no transition {transition!r}")
         row = self.get_object(request, unquote(object_id))
         if row is None:
-            raise Http404(f"no notification {object_id!r}")
-        self._transition(request, Notification.objects.filter(pk=row.pk), transition)
+            raise Http404(f"no delivery {object_id!r}")
+        self._transition(request, Delivery.objects.filter(pk=row.pk), transition)
         return HttpResponseRedirect(
             reverse(
-                f"{self.admin_site.name}:outbox_app_notification_change",
+                f"{self.admin_site.name}:outbox_app_delivery_change",
                 args=[quote(row.pk)],
             )
         )
@@ -355,7 +356,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
                     "label": text["button"],
                     "title": text["action"],
                     "url": reverse(
-                        f"{self.admin_site.name}:outbox_app_notification_transition",
+                        f"{self.admin_site.name}:outbox_app_delivery_transition",
                         args=[quote(row.pk), name],
                     ),
                 }
@@ -410,19 +411,19 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             "has_requeue_permission": self.has_requeue_permission(request),
             "overview_url": reverse(f"{self.admin_site.name}:outbox_app_overview"),
             "requeue_matching_url": reverse(
-                f"{self.admin_site.name}:outbox_app_notification_requeue_matching"
+                f"{self.admin_site.name}:outbox_app_delivery_requeue_matching"
             ),
         }
         return super().changelist_view(request, extra_context)
 
     def requeue_matching_view(self, request):
-        """Requeue every failed or expired notification the changelist's current
+        """Requeue every failed or expired delivery the changelist's current
         filters and search select: a confirmation page (GET), then the requeue in
         batches (POST). The filters are the query string, as on the changelist."""
         if not self.has_requeue_permission(request):
             raise PermissionDenied
         changelist_url = reverse(
-            f"{self.admin_site.name}:outbox_app_notification_changelist"
+            f"{self.admin_site.name}:outbox_app_delivery_changelist"
         )
         query = request.GET.urlencode()
         back = f"{changelist_url}?{query}" if query else changelist_url
@@ -437,7 +438,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             if count:
                 self._log(
                     request,
-                    Notification,
+                    Delivery,
                     None,
                     count,
                     _(
@@ -448,8 +449,8 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
                 self.message_user(
                     request,
                     ngettext(
-                        "%(count)d notification was requeued.",
-                        "%(count)d notifications were requeued.",
+                        "%(count)d delivery was requeued.",
+                        "%(count)d deliveries were requeued.",
                         count,
                     )
                     % {"count": count},
@@ -458,10 +459,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             else:
                 self.message_user(
                     request,
-                    _(
-                        "Nothing was requeued: no failed or expired "
-                        "notification matches."
-                    ),
+                    _("Nothing was requeued: no failed or expired delivery matches."),
                     messages.WARNING,
                 )
             return HttpResponseRedirect(back)
@@ -474,7 +472,7 @@ class NotificationAdmin(OutboxAdminBase, admin.ModelAdmin):
             "changelist_back": back,
         }
         return TemplateResponse(
-            request, "admin/outbox_app/notification/requeue_matching.html", context
+            request, "admin/outbox_app/delivery/requeue_matching.html", context
         )
 
 
@@ -484,3 +482,25 @@ def _to_overview(request):
 
 def _to_overview_json(request):
     return HttpResponseRedirect(reverse("admin:outbox_app_overview_json"))
+
+
+@admin.register(Notification)
+class LegacyNotificationAdmin(admin.ModelAdmin):
+    """Redirects the former addresses, ``/admin/outbox_app/notification/...``,
+    to the same page under ``delivery/`` (301, query string kept). Not on the
+    admin index; the target page checks the permissions."""
+
+    def get_model_perms(self, request) -> dict[str, bool]:
+        return {}
+
+    def get_urls(self):
+        return [
+            path("", self.admin_site.admin_view(self.redirect)),
+            path("<path:rest>", self.admin_site.admin_view(self.redirect)),
+        ]
+
+    def redirect(self, request, rest: str = "") -> HttpResponsePermanentRedirect:
+        target = reverse(f"{self.admin_site.name}:outbox_app_delivery_changelist")
+        target += rest
+        query = request.META.get("QUERY_STRING")
+        return HttpResponsePermanentRedirect(f"{target}?{query}" if query else target)
