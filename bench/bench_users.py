@@ -92,7 +92,7 @@ through a loopback TCP proxy (``tests/brokers/proxy.py``); a writer thread publi
 ``--rate`` (5) events/s throughout. After ``--before`` seconds the proxy is cut
 (connections dropped, new ones refused) for ``--outage`` seconds (300), then
 restored. Reports the events published during the outage, the time from the
-restore until every event committed before it is SUCCEEDED, EXPIRED rows (goal
+restore until every event committed before it is SUCCEEDED, DEAD rows (goal
 0), attempts of the delivered rows (goal: 1 each, no attempt counted for the
 outage), duplicates in the queue, and the relay's log lines about the pause
 ("paused" / "resumed"). No baseline.
@@ -641,7 +641,7 @@ def outage(args: argparse.Namespace) -> None:
         rows = Delivery.objects.filter(subscriber=PUBLISHER)
         while not stop.is_set():
             done = rows.filter(state=State.SUCCEEDED).count()
-            expired = rows.filter(state=State.EXPIRED).count()
+            expired = rows.filter(state=State.DEAD).count()
             retried = rows.filter(attempts__gt=1).count()
             samples.append((time.time(), len(committed) - done, expired, retried))
             stop.wait(1.0)
@@ -683,7 +683,7 @@ def outage(args: argparse.Namespace) -> None:
             [t - start for t, *_ in samples],
             {
                 "events not delivered yet": [w for _, w, _, _ in samples],
-                "EXPIRED": [e for _, _, e, _ in samples],
+                "DEAD": [e for _, _, e, _ in samples],
                 "rows with more than one attempt": [r for *_, r in samples],
             },
             (cut_at - start, restored_at - start),
@@ -692,7 +692,7 @@ def outage(args: argparse.Namespace) -> None:
         print(f"plot: {path}")
     during = sum(1 for _, t in committed if cut_at <= t <= restored_at)
     rows = Delivery.objects.filter(subscriber=PUBLISHER)
-    expired = rows.filter(state=State.EXPIRED).count()
+    expired = rows.filter(state=State.DEAD).count()
     attempts = sorted(rows.values_list("attempts", flat=True))
     queued = rabbit.count(QUEUE)
     print(
@@ -706,7 +706,7 @@ def outage(args: argparse.Namespace) -> None:
     )
     print(f"messages in the queue: {queued} ({queued - len(committed)} duplicates)")
     print(f"attempts of the {len(attempts)} delivered rows: max {attempts[-1]}")
-    goal(f"no EXPIRED row (EXPIRED: {expired})", expired == 0)
+    goal(f"no DEAD row (DEAD: {expired})", expired == 0)
     goal(
         f"no attempt counted for the outage (rows with attempts > 1: "
         f"{sum(1 for a in attempts if a > 1)})",

@@ -76,8 +76,8 @@ and the queue was consumed:
 - each committed event's effect exactly once per handler and for the
   consumer: duplicates (must be 0) and missing effects (must be 0);
 - every committed event sent by ``soak.callback``'s callback (must be 0
-  missing), every poison message parked as undecodable (must be 0 not
-  parked), and no relay or consume process exited by itself or other than
+  missing), every poison message dead-lettered as undecodable (must be 0
+  not dead-lettered), and no relay or consume process exited by itself or other than
   0 on the final SIGTERM (must be 0);
 - per-aggregate order for ``soak.ordered``: violations (must be 0), an effect
   written while its aggregate's previous position was not committed yet, or
@@ -85,7 +85,7 @@ and the queue was consumed:
 - every committed event at the broker at least once: missing (must be 0);
   duplicates counted and reported (at least once allows them);
 - nothing unfinished: events not fanned out, deliveries not SUCCEEDED,
-  deliveries missing (must be 0); EXPIRED rows are reported apart;
+  deliveries missing (must be 0); DEAD rows are reported apart;
 - nothing from a rolled-back transaction (or savepoint, or a transaction a
   fault aborted) in the outbox, the effects or the queue (must be 0), and
   each committed event has its ``Deposit`` row and no other (must be 0).
@@ -1102,7 +1102,7 @@ class Writer(threading.Thread):
 
 
 def backlog() -> tuple[int, int, int, int]:
-    """(events not fanned out, deliveries not SUCCEEDED, of which EXPIRED,
+    """(events not fanned out, deliveries not SUCCEEDED, of which DEAD,
     deliveries); the events the consumer has not handled yet count as
     waiting."""
     events = OutboxEvent.objects.filter(event_type__isnull=False).count()
@@ -1117,7 +1117,7 @@ def backlog() -> tuple[int, int, int, int]:
     return (
         waiting,
         total - states.get(State.SUCCEEDED, 0),
-        states.get(State.EXPIRED, 0),
+        states.get(State.DEAD, 0),
         total,
     )
 
@@ -1255,7 +1255,7 @@ def progress(began: float, ledger: Ledger, chaos: Chaos) -> None:
 
 def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
     """Wait until every event is fanned out and every delivery finished
-    (or only EXPIRED ones are left). Gives up when the backlog has not shrunk
+    (or only DEAD ones are left). Gives up when the backlog has not shrunk
     for ``--drain-timeout`` seconds. Returns (drained, the backlog when it
     began: deliveries unfinished plus events waiting for fan-out)."""
     timeout = ARGS.drain_timeout or 120 + 2 * LEASE
@@ -1475,7 +1475,7 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         "deliveries",
         f"{sum(deliveries.values()):,} ({len(SUBSCRIBERS)} subscribers): "
         f"SUCCEEDED {deliveries.get(State.SUCCEEDED, 0):,}, retried "
-        f"{retried:,}, EXPIRED {deliveries.get(State.EXPIRED, 0):,}",
+        f"{retried:,}, DEAD {deliveries.get(State.DEAD, 0):,}",
     )
     for subscriber in SUBSCRIBERS:
         values = sorted(lags.get(subscriber) or [0.0])
@@ -1527,8 +1527,10 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         "poison messages",
         f"{poison} sent ("
         + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
-        + f"); parked as undecodable {poison_parked}, not parked "
-        + must_be_zero("poison messages not parked", max(0, poison - poison_parked)),
+        + f"); dead-lettered as undecodable {poison_parked}, not "
+        + must_be_zero(
+            "poison messages not dead-lettered", max(0, poison - poison_parked)
+        ),
     )
     show(
         "processes that crashed",

@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Setting] = {
     "MAX_PAYLOAD_BYTES": Setting(
         1024 * 1024, "Largest encoded payload publish() accepts, in bytes."
     ),
-    "MAX_ATTEMPTS": Setting(10, "Delivery attempts per delivery before it is EXPIRED."),
+    "MAX_ATTEMPTS": Setting(10, "Delivery attempts per delivery before it is DEAD."),
     "RETRY_BASE_SECONDS": Setting(
         1.0, "First backoff ceiling in seconds; doubles with each attempt."
     ),

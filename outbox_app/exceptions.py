@@ -164,7 +164,7 @@ class UndeliverableMessage(DeliveryError):
     the routing-key template needs is missing), or it is larger than the
     broker takes (RabbitMQ's ``max_message_size``, NATS's ``max_payload``).
 
-    Retrying cannot help, so the delivery expires at once with the
+    Retrying cannot help, so the delivery goes to the dead letter at once with the
     reason (an operator fixes the cause, then requeues it); the rest of its
     batch is delivered and the publisher is not paused.
     """
@@ -178,7 +178,7 @@ class MessageUnroutable(DeliveryError):
     the stream and the subject).
 
     An attempt: the delivery is FAILED and retried with backoff (a queue
-    bound meanwhile gets it), EXPIRED after ``OUTBOX_MAX_ATTEMPTS``. Its type,
+    bound meanwhile gets it), DEAD after ``OUTBOX_MAX_ATTEMPTS``. Its type,
     ``outbox_app.exceptions.MessageUnroutable``, is what ``outbox_requeue
     --error-type`` and the admin's "last error type" filter select.
     """
@@ -208,7 +208,7 @@ class UndecodableMessage(OutboxError):
     ``source`` or ``type``; or the inbox cannot store one of the attributes
     it keeps (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``:
     not a string, holding a NUL character, or longer than its column; an id
-    is never truncated). ``manage.py consume`` parks it (one inbox row per
+    is never truncated). ``manage.py consume`` dead-letters it (one inbox row per
     consumer of its queue, with the body and this error, keyed by the body's
     SHA-256 when its own id and source are unusable), acknowledges it and
     goes on: it never blocks the queue."""

@@ -87,7 +87,7 @@ class Subscriber:
         name: stable key stored on deliveries.
         event_types: the types received; ``None`` means every type.
         ordered: deliver each aggregate's events strictly in publish order.
-        max_attempts: attempts before EXPIRED; ``None`` uses OUTBOX_MAX_ATTEMPTS.
+        max_attempts: attempts before DEAD; ``None`` uses OUTBOX_MAX_ATTEMPTS.
         aliases: former names whose stored rows this subscriber still takes.
     """
 
@@ -120,7 +120,7 @@ class Handler(Subscriber):
         fn: the callable. It receives the rebuilt event (an ``Event`` instance, or
             the payload dict for a type with no class) and a DeliveryContext.
         retry_on: exceptions that fail the attempt and are retried.
-        give_up_on: exceptions that expire the delivery at once.
+        give_up_on: exceptions that dead-letter the delivery at once.
         timeout: seconds an attempt may run before HandlerTimeout interrupts it
             (main thread only, via SIGALRM); ``None`` for no limit.
     """

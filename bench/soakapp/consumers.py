@@ -6,7 +6,7 @@ queue ``soak.inbox``, bound to the relays' exchange.
   per event, however many copies the broker delivers.
 
 The soak also sends poison messages straight to ``soak.inbox`` (not
-CloudEvents, or with ids no column can store): each must be parked as
+CloudEvents, or with ids no column can store): each must be dead-lettered as
 undecodable while the rest flows on.
 """
 

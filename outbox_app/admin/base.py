@@ -34,19 +34,19 @@ def pretty_json(value: Any):
 
 
 #: A colour per state, so a failure stands out in a list (Django admin's own
-#: palette where it has one: --error-fg for expired).
+#: palette where it has one: --error-fg for dead).
 STATE_COLOURS = {
     State.PENDING: "var(--body-quiet-color, #666)",
     State.RUNNING: "var(--link-fg, #447e9b)",
     State.SUCCEEDED: "#2e7d32",
     State.FAILED: "#b35c00",
-    State.EXPIRED: "var(--error-fg, #ba2121)",
+    State.DEAD: "var(--error-fg, #ba2121)",
     State.SKIPPED: "var(--body-quiet-color, #666)",
 }
 
 
 def state_badge(state: str):
-    """A state as a coloured, bold label ("● expired")."""
+    """A state as a coloured, bold label ("● dead")."""
     return format_html(
         '<span class="outbox-state outbox-state-{}" style="color: {}; '
         'font-weight: 600; white-space: nowrap">● {}</span>',
@@ -105,7 +105,7 @@ class OutboxAdminBase(ReadOnly):
     """Read-only pages plus the requeue permission and the admin log."""
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        """``outbox_app.requeue_delivery``: requeue, retry, expire, replay."""
+        """``outbox_app.requeue_delivery``: requeue, retry, dead-letter, replay."""
         opts = Delivery._meta
         codename = get_permission_codename("requeue", opts)
         return request.user.has_perm(f"{opts.app_label}.{codename}")

@@ -47,7 +47,7 @@ from .base import (
 #: line, and what it tells the operator.
 TRANSITIONS: dict[str, dict[str, Any]] = {
     "requeue": {
-        "action": gettext_lazy("Requeue selected deliveries (failed or expired)"),
+        "action": gettext_lazy("Requeue selected deliveries (failed or dead)"),
         "button": gettext_lazy("Requeue"),
         "log": gettext_lazy("Requeued: due now, attempts reset."),
         "done": lambda n: ngettext(
@@ -56,7 +56,7 @@ TRANSITIONS: dict[str, dict[str, Any]] = {
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was requeued: only failed or expired deliveries can be."
+            "Nothing was requeued: only failed or dead deliveries can be."
         ),
     },
     "retry_now": {
@@ -72,22 +72,22 @@ TRANSITIONS: dict[str, dict[str, Any]] = {
             "Nothing to retry: only failed deliveries can be retried now."
         ),
     },
-    "expire": {
-        "action": gettext_lazy("Mark selected deliveries expired (stop retrying)"),
-        "button": gettext_lazy("Mark expired"),
-        "log": gettext_lazy("Marked expired: no more attempts."),
+    "dead_letter": {
+        "action": gettext_lazy("Dead-letter selected deliveries (stop retrying)"),
+        "button": gettext_lazy("Dead-letter"),
+        "log": gettext_lazy("Dead-lettered: no more attempts."),
         "done": lambda n: ngettext(
-            "%(count)d delivery was marked expired.",
-            "%(count)d deliveries were marked expired.",
+            "%(count)d delivery was dead-lettered.",
+            "%(count)d deliveries were dead-lettered.",
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was marked expired: only pending or failed deliveries can be."
+            "Nothing was dead-lettered: only pending or failed deliveries can be."
         ),
     },
     "skip": {
         "action": gettext_lazy(
-            "Skip selected failed or expired deliveries (give up delivering)"
+            "Skip selected failed or dead deliveries (give up delivering)"
         ),
         "button": gettext_lazy("Skip"),
         "log": gettext_lazy("Skipped: will not be delivered; its aggregate flows on."),
@@ -97,13 +97,13 @@ TRANSITIONS: dict[str, dict[str, Any]] = {
             n,
         ),
         "none": gettext_lazy(
-            "Nothing was skipped: only failed or expired deliveries can be."
+            "Nothing was skipped: only failed or dead deliveries can be."
         ),
     },
 }
 
 #: States whose last error is the row's current one (elsewhere it is history).
-CURRENT_ERROR_STATES = (State.FAILED, State.EXPIRED)
+CURRENT_ERROR_STATES = (State.FAILED, State.DEAD)
 
 
 def _transition_action(transition: str):
@@ -158,7 +158,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         "Delivery id, event id, aggregate id (exact) or words of the last error."
     )
     show_full_result_count = False
-    actions = ["requeue_selected", "retry_now", "mark_expired", "skip_selected"]
+    actions = ["requeue_selected", "retry_now", "dead_letter_selected", "skip_selected"]
     readonly_fields = [
         "event_link",
         "state_label",
@@ -298,7 +298,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     requeue_selected = _transition_action("requeue")
     retry_now = _transition_action("retry_now")
-    mark_expired = _transition_action("expire")
+    dead_letter_selected = _transition_action("dead_letter")
     skip_selected = _transition_action("skip")
 
     def _transition(self, request, queryset, transition: str) -> None:
@@ -417,7 +417,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def requeue_matching_view(self, request):
-        """Requeue every failed or expired delivery the changelist's current
+        """Requeue every failed or dead delivery the changelist's current
         filters and search select: a confirmation page (GET), then the requeue in
         batches (POST). The filters are the query string, as on the changelist."""
         if not self.has_requeue_permission(request):
@@ -459,7 +459,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
             else:
                 self.message_user(
                     request,
-                    _("Nothing was requeued: no failed or expired delivery matches."),
+                    _("Nothing was requeued: no failed or dead delivery matches."),
                     messages.WARNING,
                 )
             return HttpResponseRedirect(back)

@@ -167,7 +167,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
             .annotate(
                 n_succeeded=_deliveries(State.SUCCEEDED),
                 n_failed=_deliveries(State.FAILED),
-                n_expired=_deliveries(State.EXPIRED),
+                n_dead=_deliveries(State.DEAD),
             )
         )
 
@@ -201,12 +201,12 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("deliveries"))
     def delivery_summary(self, obj: OutboxEvent):
-        """succeeded / failed / expired, each in its state's colour when not
+        """succeeded / failed / dead, each in its state's colour when not
         zero (the cell's title says which is which)."""
         counts = [
             (State.SUCCEEDED, obj.n_succeeded),
             (State.FAILED, obj.n_failed),
-            (State.EXPIRED, obj.n_expired),
+            (State.DEAD, obj.n_dead),
         ]
         parts = format_html_join(
             " / ",
@@ -215,7 +215,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         )
         return format_html(
             '<span title="{}" style="white-space: nowrap">{}</span>',
-            _("succeeded / failed / expired"),
+            _("succeeded / failed / dead"),
             parts,
         )
 
@@ -245,9 +245,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     @admin.action(
         permissions=["requeue"],
-        description=gettext_lazy(
-            "Requeue all failed or expired deliveries of this event"
-        ),
+        description=gettext_lazy("Requeue all failed or dead deliveries of this event"),
     )
     def requeue_deliveries(self, request, queryset):
         count = operations.requeue_deliveries(queryset)
@@ -256,7 +254,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
                 request,
                 _(
                     "Nothing was requeued: these events have no failed or "
-                    "expired delivery."
+                    "dead delivery."
                 ),
                 messages.WARNING,
             )
@@ -266,7 +264,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
             OutboxEvent,
             self._selection(request),
             count,
-            _("Requeued the failed and expired deliveries of this event."),
+            _("Requeued the failed and dead deliveries of this event."),
         )
         self.message_user(
             request,

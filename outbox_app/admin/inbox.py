@@ -1,5 +1,5 @@
 """The inbox's admin: messages consumers received (``manage.py consume``),
-the failing and parked ones with their error, and "requeue"; and the
+the failing and dead ones with their error, and "requeue"; and the
 consumers ``consume`` processes recorded."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .subscriptions import ServedFilter
 COLOURS = {
     InboxState.HANDLED: "#2e7d32",
     InboxState.FAILED: "#b35c00",
-    InboxState.PARKED: "var(--error-fg, #ba2121)",
+    InboxState.DEAD: "var(--error-fg, #ba2121)",
 }
 
 
@@ -122,19 +122,19 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     @admin.action(
         permissions=["requeue"],
-        description=gettext_lazy("Requeue the selected failed or parked messages"),
+        description=gettext_lazy("Requeue the selected failed or dead messages"),
     )
     def requeue_selected(self, request, queryset):
         logged = list(
-            queryset.filter(
-                state__in=[InboxState.FAILED, InboxState.PARKED]
-            ).values_list("pk", flat=True)[: LOG_EACH_MAX + 1]
+            queryset.filter(state__in=[InboxState.FAILED, InboxState.DEAD]).values_list(
+                "pk", flat=True
+            )[: LOG_EACH_MAX + 1]
         )
         count = queryset.requeue()
         if not count:
             self.message_user(
                 request,
-                _("No failed or parked message was selected."),
+                _("No failed or dead message was selected."),
                 messages.WARNING,
             )
             return

@@ -1,4 +1,4 @@
-"""The outbox overview page: counts, lag, expired and blocked rows per
+"""The outbox overview page: counts, lag, dead and blocked rows per
 subscriber, the deliveries-per-minute chart, and the inbox's messages per
 consumer; served by its own admin."""
 
@@ -31,7 +31,7 @@ def _display_row(row: dict[str, Any]) -> dict[str, Any]:
         **row,
         "state_counts": [row["states"][state] for state in State.values],
         "filter_query": urlencode(
-            {"subscriber__exact": row["name"], "state__exact": State.EXPIRED}
+            {"subscriber__exact": row["name"], "state__exact": State.DEAD}
         ),
     }
 
@@ -47,7 +47,7 @@ def _inbox_row(row: dict[str, Any]) -> dict[str, Any]:
             )
             for state in InboxState.values
         ],
-        "parked": row["states"][InboxState.PARKED],
+        "dead": row["states"][InboxState.DEAD],
     }
 
 
@@ -82,7 +82,7 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
         ]
 
     def overview_view(self, request):
-        """The outbox overview: per subscriber counts, lag, expired and blocked
+        """The outbox overview: per subscriber counts, lag, dead and blocked
         rows, and a chart of deliveries per minute over 24 hours."""
         if not self.has_view_permission(request):
             raise PermissionDenied

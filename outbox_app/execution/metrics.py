@@ -32,9 +32,9 @@ class RelayMetrics:
     =================================================  ==========================
     ``outbox_relay_outcomes_total{subscriber,outcome}``  rows by outcome:
                                                        succeeded, failed,
-                                                       expired, lapsed,
+                                                       dead, lapsed,
                                                        released, lost
-    ``outbox_relay_failures_total{subscriber,error}``  failed or expired
+    ``outbox_relay_failures_total{subscriber,error}``  failed or dead
                                                        attempts by error class
     ``outbox_relay_handler_seconds{subscriber}``       histogram: one handler
                                                        call
@@ -69,7 +69,7 @@ class RelayMetrics:
         )
         self._failures = prometheus.Counter(
             "outbox_relay_failures",
-            "Failed or expired delivery attempts by error class.",
+            "Failed or dead-lettered delivery attempts by error class.",
             ["subscriber", "error"],
             registry=registry,
         )

@@ -1,19 +1,19 @@
 """The retry policy: what a failed attempt means for its delivery.
 
 A decision is a value (procrastinate's ``retry.py``): ``retry_at`` for a
-FAILED row that will be tried again, ``None`` for the dead letter (EXPIRED).
+FAILED row that will be tried again, ``None`` for the dead letter (DEAD).
 Everything that decides between the two lives here, once, for handlers and
 publishers alike:
 
-* ``give_up_on`` exceptions, and exceptions outside ``retry_on``, expire at
+* ``give_up_on`` exceptions, and exceptions outside ``retry_on``, are dead at
   once (a publisher gives up on :class:`~outbox_app.exceptions.UndeliverableMessage`);
-* the attempt that reaches ``max_attempts`` expires;
+* the attempt that reaches ``max_attempts`` goes to the dead letter;
 * otherwise the row is due again after a capped exponential backoff with full
   jitter (:func:`retry_delay`: ``uniform(0, min(cap, base * 2 ** (attempt -
   1)))``, AWS's "full jitter"), counted from the failure;
 * the lease rule: a row claimed with more attempts than allowed had its last
   allowed attempt's lease run out (its worker died or hung past the lease). It
-  is not run again: it expires with :class:`~outbox_app.exceptions.LeaseLost`.
+  is not run again: it is dead with :class:`~outbox_app.exceptions.LeaseLost`.
 
 A transport outage (:class:`~outbox_app.exceptions.PublisherUnavailable`) is
 not an attempt at all: the publisher runner hands such rows back before they
@@ -38,7 +38,7 @@ class RetryPolicy:
     Attributes:
         max_attempts: attempts before the dead letter.
         retry_on: exception classes retried with backoff.
-        give_up_on: exception classes that expire at once (checked first).
+        give_up_on: exception classes dead-lettered at once (checked first).
         base, cap: backoff's first and largest ceiling, in seconds.
     """
 
@@ -76,7 +76,7 @@ class RetryPolicy:
         )
 
     def lease_ran_out(self, attempt: int) -> LeaseLost | None:
-        """The error to expire a row claimed for ``attempt`` with, if its last
+        """The error to dead-letter a row claimed for ``attempt`` with, if its last
         allowed attempt never finished; ``None`` if it may run."""
         if attempt <= self.max_attempts:
             return None
@@ -93,7 +93,7 @@ class RetryPolicy:
         rng: random.Random | None = None,
     ) -> datetime.datetime | None:
         """When to try again after ``error`` ended ``attempt`` (1-based) at
-        ``now``; ``None`` expires the row."""
+        ``now``; ``None`` sends the row to the dead letter."""
         if isinstance(error, (LeaseLost, *self.give_up_on)) or not isinstance(
             error, self.retry_on
         ):

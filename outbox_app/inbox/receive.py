@@ -22,7 +22,7 @@ for one attempt.
 
 A consumer that raises is rolled back and its message kept in the inbox row
 (FAILED, with the body, error and traceback), then retried from the database
-with the relay's backoff (:func:`retry_due`), and PARKED (the dead letter)
+with the relay's backoff (:func:`retry_due`), and DEAD (the dead letter)
 after its attempts. Retrying from the database rather than by broker
 redelivery: a failing message is acknowledged and never blocks the queue nor
 spins in a redelivery loop, the attempts are counted whatever the broker
@@ -38,7 +38,7 @@ once and must be idempotent), and every other callback still runs.
 
 A message that is not a CloudEvent, or whose attributes the inbox cannot
 store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
-string, holding NUL, longer than the column), is PARKED at once as
+string, holding NUL, longer than the column), is DEAD at once as
 :class:`~outbox_app.exceptions.UndecodableMessage`, keyed by the body's
 SHA-256 when its own key is unusable. A message that a recorded consumer of
 its queue receives and this process lacks is kept for it
@@ -89,7 +89,7 @@ COLUMNS = {
 }
 UNDECODABLE = dotted_path(UndecodableMessage)
 #: States that hold back an ordered consumer's later messages of an aggregate.
-UNFINISHED = (InboxState.FAILED, InboxState.PARKED)
+UNFINISHED = (InboxState.FAILED, InboxState.DEAD)
 WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
 
 
@@ -189,7 +189,7 @@ class Tally:
         duplicates: already in the inbox (handled, or kept to retry):
             acknowledged without running the consumer.
         failed: the consumer raised; kept to retry.
-        parked: the dead letter: out of attempts, or undecodable.
+        dead: the dead letter: out of attempts, or undecodable.
         waiting: held behind an earlier message of their aggregate.
         expired: arrived after their CloudEvents ``expiretime``
             (``publish(expires_at=...)``): acknowledged without running the
@@ -204,7 +204,7 @@ class Tally:
     handled: int = 0
     duplicates: int = 0
     failed: int = 0
-    parked: int = 0
+    dead: int = 0
     waiting: int = 0
     expired: int = 0
     ignored: int = 0
@@ -289,7 +289,7 @@ def _receive(
         envelope = parse(body)
         columns = _columns(envelope)
     except UndecodableMessage as exc:
-        source, key = _parked_key(envelope, body, message_id)
+        source, key = _dead_key(envelope, body, message_id)
         tally = Tally()
         for consumer in consumers:
             tally += _park_undecodable(consumer, source, key, body, queue, exc, alias)
@@ -394,7 +394,7 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             envelope = parse(body)
             columns = _columns(envelope)
         except UndecodableMessage:
-            raise _RunAlone() from None  # parked message by message
+            raise _RunAlone() from None  # dead-lettered message by message
         mine = [c for c in by_queue.get(queue, ()) if c.receives(columns["event_type"])]
         absent = recorded.absent(queue, columns["event_type"], mine)
         if not mine and not absent:
@@ -557,10 +557,10 @@ def retry_due(
     ``limit``. A consumer takes only the messages of types it receives (a
     message kept for another version of it waits for that version). An
     ordered consumer's message waits while an earlier one of its aggregate is
-    FAILED or PARKED.
+    FAILED or DEAD.
 
     Returns:
-        What happened (``handled``, ``failed``, ``parked``).
+        What happened (``handled``, ``failed``, ``dead``).
     """
     alias = using or router.db_for_write(InboxMessage)
     by_name = {c.name: c for c in consumers}
@@ -572,7 +572,7 @@ def retry_due(
         (
             Q(consumer=c.name)
             if c.event_types is None
-            # "": an undecodable message, requeued: it is parked again.
+            # "": an undecodable message, requeued: it is dead-lettered again.
             else Q(consumer=c.name, event_type__in=sorted({*c.event_types, ""}))
             for c in by_name.values()
         ),
@@ -663,7 +663,7 @@ def _unstorable(value: Any, column: str) -> str | None:
     return unstorable(value, InboxMessage._meta.get_field(column).max_length)
 
 
-def _parked_key(
+def _dead_key(
     envelope: dict | None, body: bytes, message_id: str | None
 ) -> tuple[str, str]:
     """``(source, message id)`` of an undecodable message's rows: the
@@ -821,7 +821,7 @@ def _expired(envelope: dict, now: datetime.datetime) -> bool:
 
 def _held_back(rows: list[InboxMessage], alias: str) -> bool:
     """An earlier message of one of ``rows``' aggregates is still FAILED or
-    PARKED for its consumer (``rows`` are HANDLED or not saved: never one of
+    DEAD for its consumer (``rows`` are HANDLED or not saved: never one of
     those), one query."""
     keys = {(r.consumer, r.aggregate_type, r.aggregate_id) for r in rows}
     ids = {aggregate_id for _, _, aggregate_id in keys if aggregate_id}
@@ -848,13 +848,13 @@ def _failed(
     note: str = "",
 ) -> Tally:
     """Record failed attempt ``attempt`` of ``row``: FAILED, due again after
-    the backoff, or PARKED when out of attempts. ``insert``: the row is gone
+    the backoff, or DEAD when out of attempts. ``insert``: the row is gone
     with the rollback of a first run (else it is updated by id)."""
     now = database_now(alias)
     retry_at = consumer.policy().retry_at(error, attempt, now)
     message, error_type, text = recorded_error(error)
     values = {
-        "state": InboxState.FAILED if retry_at else InboxState.PARKED,
+        "state": InboxState.FAILED if retry_at else InboxState.DEAD,
         "attempts": attempt,
         "next_retry_at": retry_at,
         "handled_at": None,
@@ -883,13 +883,13 @@ def _failed(
         consumer.name,
         row.message_id,
         row.event_type,
-        f"failed, retry at {retry_at.isoformat()}" if retry_at else "PARKED",
+        f"failed, retry at {retry_at.isoformat()}" if retry_at else "DEAD",
         attempt,
         f" ({note})" if note else "",
         error,
         extra={"consumer": consumer.name, "message_id": row.message_id},
     )
-    return Tally(failed=1) if retry_at else Tally(parked=1)
+    return Tally(failed=1) if retry_at else Tally(dead=1)
 
 
 def _park_undecodable(
@@ -901,8 +901,8 @@ def _park_undecodable(
     error: UndecodableMessage,
     alias: str,
 ) -> Tally:
-    """Park an undecodable message for ``consumer`` (a duplicate if it is
-    parked already)."""
+    """Dead-letter an undecodable message for ``consumer`` (a duplicate if it is
+    dead already)."""
     now = database_now(alias)
     try:
         with transaction.atomic(using=alias):
@@ -911,7 +911,7 @@ def _park_undecodable(
                 source=source,
                 message_id=key,
                 queue=storable(queue)[:255],
-                state=InboxState.PARKED,
+                state=InboxState.DEAD,
                 body=storable(body),
                 last_error=storable(str(error)),
                 last_error_type=UNDECODABLE,
@@ -921,6 +921,6 @@ def _park_undecodable(
     except IntegrityError:
         return Tally(duplicates=1)
     logger.error(
-        "%s: undecodable message %s on %s PARKED: %s", consumer.name, key, queue, error
+        "%s: undecodable message %s on %s DEAD: %s", consumer.name, key, queue, error
     )
-    return Tally(parked=1)
+    return Tally(dead=1)

@@ -34,7 +34,7 @@ from .registry import Consumer
 
 logger = logging.getLogger("outbox_app.inbox")
 
-#: What ``--waiting`` may say when retiring: park the consumer's FAILED
+#: What ``--waiting`` may say when retiring: dead-letter the consumer's FAILED
 #: messages, or keep them for a process that still has it.
 WAITING = ("skip", "keep")
 
@@ -123,14 +123,14 @@ def retire(
         subscriptions: a ConsumerSubscription queryset; retired rows in it
             are left alone.
         waiting: ``"skip"``: the consumer's FAILED inbox messages of those
-            event types (including those kept for it) become PARKED, the
+            event types (including those kept for it) become DEAD, the
             error kept; ``"keep"``: they stay, run if a process that has the
             consumer runs.
         by: who retired them, stored as ``retired_by``.
         force: retire even rows a running ``consume`` process still has.
 
     Returns:
-        ``(subscriptions retired, inbox messages parked)``.
+        ``(subscriptions retired, inbox messages dead-lettered)``.
 
     Raises:
         SubscriptionInUse: a ``consume`` process refreshed one of them within
@@ -151,7 +151,7 @@ def retire(
             )
         pairs = list(rows.values_list("consumer", "event_type"))
         retired = rows.retire(by[:255])
-    parked = 0
+    dead = 0
     if waiting == "skip":
         for name, event_type in pairs:
             failed = InboxMessage.objects.using(alias).filter(
@@ -159,9 +159,9 @@ def retire(
             )
             if event_type != WILDCARD:
                 failed = failed.filter(event_type=event_type)
-            parked += failed.update(
-                state=InboxState.PARKED,
+            dead += failed.update(
+                state=InboxState.DEAD,
                 next_retry_at=None,
                 updated_at=database_now(alias),
             )
-    return retired, parked
+    return retired, dead

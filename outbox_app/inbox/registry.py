@@ -35,11 +35,11 @@ class Consumer:
             ``OUTBOX_INBOX_EXCHANGE`` with ``bindings``).
         bindings: routing keys the queue is bound with (topic patterns).
         ordered: run each aggregate's messages in arrival order: a message
-            waits while an earlier one of its aggregate is failing or parked.
-        max_attempts: attempts before a failing message is PARKED; ``None``
+            waits while an earlier one of its aggregate is failing or dead.
+        max_attempts: attempts before a failing message is DEAD; ``None``
             uses ``OUTBOX_MAX_ATTEMPTS``.
         retry_on, give_up_on: as for handlers: exceptions retried with backoff,
-            exceptions parked at once.
+            exceptions dead-lettered at once.
         timeout: seconds one call may run before
             :class:`~outbox_app.exceptions.HandlerTimeout` interrupts it (a
             failed attempt; SIGALRM, so in ``consume``'s main thread only; an
@@ -96,8 +96,8 @@ def consumer(
         bindings: routing keys binding ``queue`` to ``OUTBOX_INBOX_EXCHANGE``
             (default ``("#",)``: everything on a topic exchange).
         ordered: per-aggregate order (see :class:`Consumer`).
-        max_attempts: attempts before the message is PARKED.
-        retry_on, give_up_on: exception classes retried / parked at once.
+        max_attempts: attempts before the message is DEAD.
+        retry_on, give_up_on: exception classes retried / dead-lettered at once.
         timeout: seconds one call may run (see :class:`Consumer`).
 
     Returns:

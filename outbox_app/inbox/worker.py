@@ -247,7 +247,7 @@ class ConsumeWorker:
         except DatabaseError as exc:
             self._database_down(exc)
             return
-        if tally.handled or tally.failed or tally.parked:
+        if tally.handled or tally.failed or tally.dead:
             self._last_message = time.monotonic()
         self.tally += tally
 

@@ -22,7 +22,7 @@ Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
                                            (since it was due)
 ``outbox_scheduled_deliveries``         deliveries scheduled for later
 ``{subscriber}``                           (``deliver_at`` ahead; not lag)
-``outbox_blocked_aggregates{subscriber}``  aggregates an EXPIRED row holds back
+``outbox_blocked_aggregates{subscriber}``  aggregates a DEAD row holds back
                                            (ordered subscribers only)
 ``outbox_events_awaiting_fanout``          events not fanned out yet (rows)
 ``outbox_fanout_lag_seconds``              age of the oldest of them
@@ -83,7 +83,7 @@ class OutboxCollector:
         )
         blocked = core.GaugeMetricFamily(
             "outbox_blocked_aggregates",
-            "Aggregates an EXPIRED delivery holds back (ordered subscribers).",
+            "Aggregates a DEAD delivery holds back (ordered subscribers).",
             labels=["subscriber"],
         )
         for row in data["subscribers"]:

@@ -21,7 +21,7 @@ from ..relay import registry
 from ..store.clock import database_now
 from ..store.lifecycle import (
     ABANDONABLE,
-    EXPIRABLE,
+    DEAD_LETTERABLE,
     REQUEUEABLE,
     RETRYABLE,
     SKIPPABLE,
@@ -34,11 +34,11 @@ from ..subscribers import WILDCARD
 DEFAULT_BATCH_SIZE = 1000
 
 #: The rows each operator's transition changes (the rest are left alone), as in
-#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``expire()``.
+#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``dead_letter()``.
 TRANSITION_STATES: dict[str, tuple[State, ...]] = {
     "requeue": REQUEUEABLE,
     "retry_now": RETRYABLE,
-    "expire": EXPIRABLE,
+    "dead_letter": DEAD_LETTERABLE,
     "skip": SKIPPABLE,
 }
 
@@ -48,7 +48,7 @@ def affected(deliveries: QuerySet, transition: str) -> QuerySet:
 
     Args:
         deliveries: a Delivery queryset.
-        transition: ``"requeue"``, ``"retry_now"`` or ``"expire"``.
+        transition: ``"requeue"``, ``"retry_now"`` or ``"dead_letter"``.
     """
     return deliveries.filter(state__in=TRANSITION_STATES[transition])
 
@@ -65,9 +65,9 @@ def apply(
     Args:
         deliveries: a Delivery queryset (any filter; its ordering and
             slicing are ignored).
-        transition: ``"requeue"`` (FAILED/EXPIRED -> PENDING, due now, attempts
-            reset), ``"retry_now"`` (FAILED rows due now) or ``"expire"``
-            (PENDING/FAILED -> EXPIRED).
+        transition: ``"requeue"`` (FAILED/DEAD -> PENDING, due now, attempts
+            reset), ``"retry_now"`` (FAILED rows due now) or ``"dead_letter"``
+            (PENDING/FAILED -> DEAD).
         batch_size: rows per UPDATE.
         dry_run: count the rows it would change, change nothing.
 
@@ -87,7 +87,7 @@ def requeue_matching(
     batch_size: int = DEFAULT_BATCH_SIZE,
     dry_run: bool = False,
 ) -> int:
-    """Requeue every FAILED/EXPIRED row of ``deliveries``, in batches.
+    """Requeue every FAILED/DEAD row of ``deliveries``, in batches.
 
     Returns:
         Rows requeued (or, with ``dry_run``, that would be).
@@ -98,7 +98,7 @@ def requeue_matching(
 def requeue_deliveries(
     events: QuerySet, *, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> int:
-    """Requeue the FAILED/EXPIRED deliveries of the outbox events ``events``.
+    """Requeue the FAILED/DEAD deliveries of the outbox events ``events``.
 
     Returns:
         Deliveries requeued.
@@ -123,7 +123,7 @@ def deliveries_matching(
     Args:
         subscriber: a handler's or publisher's name (or a former name, an alias):
             rows stored under any of its names match.
-        states: states to match; FAILED and EXPIRED by default.
+        states: states to match; FAILED and DEAD by default.
         error_type: only rows whose ``last_error_type`` is exactly this dotted
             path (``"builtins.ConnectionError"``).
         since: only rows whose last failure (or last change) is at or after this
@@ -243,7 +243,7 @@ def retire(
     Args:
         subscriptions: a Subscription queryset; retired rows in it are left
             alone.
-        waiting: ``"skip"``: the subscriber's PENDING, FAILED and EXPIRED
+        waiting: ``"skip"``: the subscriber's PENDING, FAILED and DEAD
             deliveries of those event types become SKIPPED (finished; RUNNING
             rows are left to the relay that leased them); ``"keep"``: they stay
             as they are, delivered if a relay that has the subscriber runs.

@@ -8,9 +8,9 @@ What goes, once older than ``OUTBOX_RETENTION_DAYS`` (or ``older_than_days``):
 - sentinel rows (actions that published nothing) created before the cutoff;
 - the inbox's HANDLED rows (``manage.py consume``) handled more than
   ``OUTBOX_INBOX_RETENTION_DAYS`` ago (a duplicate of such a message arriving
-  later runs its consumer again); FAILED and PARKED inbox rows never go.
+  later runs its consumer again); FAILED and DEAD inbox rows never go.
 
-What never goes, however old: PENDING, RUNNING, FAILED and EXPIRED
+What never goes, however old: PENDING, RUNNING, FAILED and DEAD
 deliveries, and events that still have one of them, and events not fanned
 out yet (a subscriber deployed later still gets them). Deleting everything older
 than N days whatever its state loses events awaiting fan-out and the dead letter;

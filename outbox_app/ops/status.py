@@ -2,10 +2,10 @@
 ``manage.py outbox_status`` show.
 
 :func:`overview` answers the questions operators otherwise ask the database by
-hand (seed 004): how many deliveries wait, fail or expired per subscriber, how
+hand (seed 004): how many deliveries wait, fail or are dead per subscriber, how
 old the oldest waiting one is (the lag: from when it was due, so deliveries
-scheduled for later are counted apart and never as lag), how many aggregates an
-expired delivery
+scheduled for later are counted apart and never as lag), how many aggregates a
+dead delivery
 holds back, how many deliveries succeeded per minute, and how many events wait
 for fan-out. It returns plain JSON types only.
 """
@@ -75,9 +75,9 @@ def overview(
               "scheduled": 5,                 # PENDING, deliver_at still ahead
               "next_scheduled": "...",        # the soonest of those, or None
               "states": {"PENDING": 3, "RUNNING": 0, "SUCCEEDED": 90,
-                         "FAILED": 1, "EXPIRED": 2},
-              "expired": 2,
-              "blocked_aggregates": 1,        # held back by an EXPIRED row,
+                         "FAILED": 1, "DEAD": 2},
+              "dead": 2,
+              "blocked_aggregates": 1,        # held back by a DEAD row,
                                               # ordered subscribers only
               "events_awaiting_fanout": 4,        # not fanned out yet
               "oldest_awaiting_fanout_seconds": 3.0,  # of a subscribed type
@@ -85,7 +85,7 @@ def overview(
                 {"name": "shop.handlers.email", "kind": "handler",
                  "registered": True, "ordered": False,
                  "stored_names": ["shop.handlers.email"],
-                 "states": {...}, "total": 96, "expired": 2,
+                 "states": {...}, "total": 96, "dead": 2,
                  "oldest_pending_seconds": 12.5, "blocked_aggregates": None,
                  "scheduled": 5, "next_scheduled": "..."},
                 ...
@@ -95,7 +95,7 @@ def overview(
                              "peak": 12},
               "inbox": [                      # manage.py consume's consumers
                 {"consumer": "billing.invoice_order",
-                 "states": {"HANDLED": 90, "FAILED": 1, "PARKED": 0}},
+                 "states": {"HANDLED": 90, "FAILED": 1, "DEAD": 0}},
               ],
             }
 
@@ -194,7 +194,7 @@ def overview(
         "unserved": unserved(using=using, now=now),
         "lag_seconds": max(lags) if lags else None,
         "states": states,
-        "expired": states[State.EXPIRED],
+        "dead": states[State.DEAD],
         "scheduled": sum(row["scheduled"] for row in rows),
         "next_scheduled": min(
             (row["next_scheduled"] for row in rows if row["next_scheduled"]),
@@ -217,7 +217,7 @@ def inbox(*, using: str = "default") -> list[dict[str, Any]]:
     by state, one grouped query.
 
     Returns:
-        ``[{"consumer", "states": {"HANDLED": n, "FAILED": n, "PARKED": n}},
+        ``[{"consumer", "states": {"HANDLED": n, "FAILED": n, "DEAD": n}},
         ...]`` by consumer name; empty when nothing was consumed.
     """
     by_consumer: dict[str, dict[str, int]] = {}
@@ -337,16 +337,16 @@ def problems(
     data: dict[str, Any],
     *,
     max_lag: float | None = None,
-    max_expired: int | None = None,
-    max_parked: int | None = None,
+    max_dead: int | None = None,
+    max_dead_inbox: int | None = None,
 ) -> list[str]:
     """The thresholds an :func:`overview` crosses, as sentences for operators.
 
     Args:
         data: what :func:`overview` returned.
         max_lag: most seconds the oldest waiting delivery may be old.
-        max_expired: most EXPIRED deliveries tolerated.
-        max_parked: most PARKED inbox messages tolerated (the dead letter of
+        max_dead: most DEAD deliveries tolerated.
+        max_dead_inbox: most DEAD inbox messages tolerated (the dead letter of
             ``manage.py consume``).
 
     Returns:
@@ -356,16 +356,13 @@ def problems(
     lag = data["lag_seconds"]
     if max_lag is not None and lag is not None and lag > max_lag:
         found.append(f"lag {lag:.1f}s is above --max-lag {max_lag:g}s")
-    if max_expired is not None and data["expired"] > max_expired:
+    if max_dead is not None and data["dead"] > max_dead:
+        found.append(f"{data['dead']} dead deliveries, more than --max-dead {max_dead}")
+    dead_inbox = sum(row["states"][InboxState.DEAD] for row in data.get("inbox", ()))
+    if max_dead_inbox is not None and dead_inbox > max_dead_inbox:
         found.append(
-            f"{data['expired']} expired deliveries, more than --max-expired "
-            f"{max_expired}"
-        )
-    parked = sum(row["states"][InboxState.PARKED] for row in data.get("inbox", ()))
-    if max_parked is not None and parked > max_parked:
-        found.append(
-            f"{parked} parked inbox {'message' if parked == 1 else 'messages'}, "
-            f"more than --max-parked {max_parked}"
+            f"{dead_inbox} dead inbox {'message' if dead_inbox == 1 else 'messages'}, "
+            f"more than --max-dead-inbox {max_dead_inbox}"
         )
     return found
 
@@ -397,7 +394,7 @@ def _row(
         "stored_names": names,
         "states": states,
         "total": sum(states.values()),
-        "expired": states[State.EXPIRED],
+        "dead": states[State.DEAD],
         "oldest_pending_seconds": _age(min(oldest) if oldest else None, now),
         "blocked_aggregates": blocked,
         "scheduled": sum(n for n, _ in scheduled),

@@ -22,8 +22,8 @@ implements :meth:`Publisher.probe`.
 Outcomes: ``None`` (delivered), :class:`~outbox_app.exceptions.PublisherUnavailable`
 (the destination is down: the relay pauses the publisher and counts no
 attempt), :class:`~outbox_app.exceptions.UndeliverableMessage` (this message
-can never be sent: it expires at once), any other exception (this message
-failed: retried with backoff, one attempt counted).
+can never be sent: it goes to the dead letter at once), any other exception
+(this message failed: retried with backoff, one attempt counted).
 """
 
 from __future__ import annotations

@@ -122,32 +122,29 @@ class KombuPublisher(Publisher):
 
     Behaviour: each message is the event's CloudEvents JSON envelope
     (:func:`~outbox_app.publishers.cloudevents.to_cloudevent`), content type
-    ``application/cloudevents+json``, persistent (delivery mode 2), with the
-    event id as ``message_id`` and the event type as ``type``. An event
-    published with ``expires_at`` carries the time it has left as the
-    message's ``expiration`` (milliseconds): RabbitMQ drops it from the queues
-    it reaches once that passes (per-message TTL; kombu's Redis transport
-    ignores it, and ``manage.py consume`` drops a message whose CloudEvents
-    ``expiretime`` has passed wherever it came from). On AMQP it is
-    published ``mandatory``: a message no queue is bound for comes back
-    (``basic.return``) and fails as unroutable. A message is reported
-    delivered only after the broker's ``basic.ack``. A ``basic.nack`` or a
-    return fails it with a :class:`~outbox_app.exceptions.DeliveryError` (an
-    attempt, retried with backoff). A message the broker can never take
-    fails alone with :class:`~outbox_app.exceptions.UndeliverableMessage` (it
-    expires at once; the rest of the batch is delivered): one that cannot be
-    encoded (on AMQP a routing key, ``type`` or ``message_id`` over 255 UTF-8
-    bytes), or a body over RabbitMQ's ``max_message_size`` (RabbitMQ closes
-    the channel: the publisher learns the limit from its reason, sends the
-    other unconfirmed messages again at once on a new connection, and
-    refuses larger bodies itself from then on). On other transports an error
-    that is not about the connection fails that message alone, as an
-    attempt. A connection that cannot be opened or is lost, or the confirm
-    timeout, fails the messages with
-    :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay pauses
-    the publisher and counts no attempt). After a connection error or
-    timeout the connection is dropped; the next batch, or :meth:`probe`,
-    reconnects.
+    ``application/cloudevents+json``, persistent (delivery mode 2), with the event
+    id as ``message_id`` and the event type as ``type``. An event published with
+    ``expires_at`` carries the time it has left as the message's ``expiration``
+    (milliseconds): RabbitMQ drops it from the queues it reaches once that passes
+    (per-message TTL; kombu's Redis transport ignores it, and ``manage.py consume``
+    drops a message whose CloudEvents ``expiretime`` has passed wherever it came
+    from). On AMQP it is published ``mandatory``: a message no queue is bound for
+    comes back (``basic.return``) and fails as unroutable. A message is reported
+    delivered only after the broker's ``basic.ack``. A ``basic.nack`` or a return
+    fails it with a :class:`~outbox_app.exceptions.DeliveryError` (an attempt,
+    retried with backoff). A message the broker can never take fails alone with
+    :class:`~outbox_app.exceptions.UndeliverableMessage` (it goes to the dead letter
+    at once; the rest of the batch is delivered): one that cannot be encoded (on
+    AMQP a routing key, ``type`` or ``message_id`` over 255 UTF-8 bytes), or a body
+    over RabbitMQ's ``max_message_size`` (RabbitMQ closes the channel: the publisher
+    learns the limit from its reason, sends the other unconfirmed messages again at
+    once on a new connection, and refuses larger bodies itself from then on). On
+    other transports an error that is not about the connection fails that message
+    alone, as an attempt. A connection that cannot be opened or is lost, or the
+    confirm timeout, fails the messages with
+    :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay pauses the
+    publisher and counts no attempt). After a connection error or timeout the
+    connection is dropped; the next batch, or :meth:`probe`, reconnects.
 
     One instance is used by one thread at a time: ``registry.publishers()``
     builds one per thread.

@@ -158,7 +158,7 @@ class JetStreamPublisher(Publisher):
     :class:`~outbox_app.exceptions.MessageUnroutable` (both attempts, retried
     with backoff); one that cannot be encoded (an invalid subject, a field
     the template needs is missing, larger than the server's max payload) with
-    :class:`~outbox_app.exceptions.UndeliverableMessage` (it expires at
+    :class:`~outbox_app.exceptions.UndeliverableMessage` (it goes to the dead letter at
     once). A server that cannot be reached, a connection lost before the
     PubAcks, the ack timeout, or ``STREAM`` missing,
     fail the messages with :class:`~outbox_app.exceptions.PublisherUnavailable`

@@ -200,7 +200,7 @@ class _Runner:
         that their writes committed, in order, each guarded, then record the
         outcomes: SUCCEEDED (one UPDATE for them all), or a failed attempt
         with the first error a handler's callback raised (retried, or
-        EXPIRED, by the retry policy). A ``robust`` callback's error is
+        DEAD, by the retry policy). A ``robust`` callback's error is
         logged, as Django logs it, and fails nothing. A crash before the marks
         leaves the rows RUNNING until their lease runs out: the handlers then
         run again, over their committed writes (at least once)."""

@@ -39,7 +39,7 @@ class RelayReport:
     Attributes:
         fanned_out: events turned into deliveries.
         claimed: deliveries leased.
-        succeeded, failed, expired: outcomes written (FAILED will be retried).
+        succeeded, failed, dead: outcomes written (FAILED will be retried).
         lapsed: SKIPPED unattempted, their event expired (``expires_at``)
             before delivery.
         lost: outcomes discarded because the lease had passed to another worker.
@@ -51,7 +51,7 @@ class RelayReport:
     claimed: int = 0
     succeeded: int = 0
     failed: int = 0
-    expired: int = 0
+    dead: int = 0
     lapsed: int = 0
     lost: int = 0
     released: int = 0
@@ -112,7 +112,7 @@ class Outcomes:
         error: BaseException,
         retry_at: datetime.datetime | None,
     ) -> None:
-        """Record a failed attempt: FAILED due at ``retry_at``, or EXPIRED (the
+        """Record a failed attempt: FAILED due at ``retry_at``, or DEAD (the
         dead letter) when ``retry_at`` is None. A database error while recording
         leaves the row RUNNING until its lease runs out (it is retried then) and
         is logged; the rest of the batch goes on."""
@@ -141,10 +141,10 @@ class Outcomes:
             return
         relay_metrics.failure(self.subscriber.name, error_type)
         if retry_at is None:
-            self.report.expired += 1
-            relay_metrics.outcome(self.subscriber.name, "expired", 1)
+            self.report.dead += 1
+            relay_metrics.outcome(self.subscriber.name, "dead", 1)
             logger.error(
-                "%s: delivery %s of event %s EXPIRED after %d attempt(s): %s",
+                "%s: delivery %s of event %s DEAD after %d attempt(s): %s",
                 self.subscriber.name,
                 context.delivery_id,
                 context.event_id,

@@ -55,7 +55,7 @@ def handler(
         max_attempts: attempts before the delivery EXPIRES; default
             ``OUTBOX_MAX_ATTEMPTS``.
         retry_on: exception classes that are retried with backoff.
-        give_up_on: exception classes that expire the delivery at once
+        give_up_on: exception classes that dead-letter the delivery at once
             (checked first).
         ordered: deliver each aggregate's events strictly in publish order.
         timeout: seconds one attempt may run; ``None`` for no limit.

@@ -20,10 +20,10 @@ it until a probe (:meth:`Publisher.probe`) succeeds, tried after a capped,
 jittered backoff (``OUTBOX_PAUSE_MAX_SECONDS``). One line is logged when it
 pauses and one when it resumes; ``outbox_status`` and the admin overview show
 the pause (:class:`~outbox_app.store.models.SubscriberPause`). An outage of any
-length ends with every event delivered and none EXPIRED. Per-message outcomes
+length ends with every event delivered and none DEAD. Per-message outcomes
 (a nack, an unroutable message) count as attempts and follow the retry policy;
 a message that can never be sent
-(:class:`~outbox_app.exceptions.UndeliverableMessage`) expires at once.
+(:class:`~outbox_app.exceptions.UndeliverableMessage`) goes to the dead letter at once.
 """
 
 from __future__ import annotations

@@ -370,15 +370,15 @@ class Gateway:
         False when the lease was lost (nothing written)."""
         d = self.dialect
         stamp = d.datetime_param(now)
-        expire = retry_at is None
+        dead = retry_at is None
         params = [
-            State.EXPIRED if expire else State.FAILED,
+            State.DEAD if dead else State.FAILED,
             error,
             error_type[:255],
             traceback,
             stamp,
-            None if expire else d.datetime_param(retry_at),
-            stamp if expire else None,
+            None if dead else d.datetime_param(retry_at),
+            stamp if dead else None,
             stamp,
             delivery_id,
             d.uuid_param(token),

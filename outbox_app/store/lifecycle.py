@@ -4,8 +4,8 @@
 
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
-                          '------> EXPIRED (the dead letter) --requeue--> PENDING
-    FAILED / EXPIRED --skip (an operator gives up on it)--> SKIPPED
+                          '------> DEAD (the dead letter) --requeue--> PENDING
+    FAILED / DEAD --skip (an operator gives up on it)--> SKIPPED
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class State(models.TextChoices):
     RUNNING = "RUNNING", _("running")
     SUCCEEDED = "SUCCEEDED", _("succeeded")
     FAILED = "FAILED", _("failed")
-    EXPIRED = "EXPIRED", _("expired")
+    DEAD = "DEAD", _("dead")
     SKIPPED = "SKIPPED", _("skipped")
 
 
@@ -27,19 +27,19 @@ class State(models.TextChoices):
 #: run out (a RUNNING row's ``next_retry_at`` is its lease expiry).
 CLAIMABLE = (State.PENDING, State.FAILED, State.RUNNING)
 #: These hold back later rows of the same aggregate for an ordered subscriber.
-UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED)
+UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED, State.DEAD)
 #: An operator may requeue these (-> PENDING, attempts reset).
-REQUEUEABLE = (State.FAILED, State.EXPIRED)
+REQUEUEABLE = (State.FAILED, State.DEAD)
 #: An operator may make these due now, attempts kept.
 RETRYABLE = (State.FAILED,)
-#: An operator may stop retrying these (-> EXPIRED).
-EXPIRABLE = (State.PENDING, State.FAILED)
+#: An operator may stop retrying these (-> DEAD).
+DEAD_LETTERABLE = (State.PENDING, State.FAILED)
 #: An operator may give up delivering these (-> SKIPPED), which unblocks an
 #: ordered subscriber's aggregate.
-SKIPPABLE = (State.FAILED, State.EXPIRED)
+SKIPPABLE = (State.FAILED, State.DEAD)
 #: Retiring a subscription may give these up (-> SKIPPED): no relay will
 #: deliver them (RUNNING rows are left to the relay that leased them).
-ABANDONABLE = (State.PENDING, State.FAILED, State.EXPIRED)
+ABANDONABLE = (State.PENDING, State.FAILED, State.DEAD)
 #: Done with: purge may delete these once old.
 FINISHED = (State.SUCCEEDED, State.SKIPPED)
 
@@ -50,13 +50,13 @@ class InboxState(models.TextChoices):
 
         (received) --consumer ran, committed with its writes--> HANDLED
         (received) --consumer raised--> FAILED (retried at next_retry_at) --> ...
-        FAILED --last attempt--> PARKED (the dead letter) --requeue--> FAILED
+        FAILED --last attempt--> DEAD (the dead letter) --requeue--> FAILED
     """
 
     HANDLED = "HANDLED", _("handled")
     FAILED = "FAILED", _("failed")
-    PARKED = "PARKED", _("parked")
+    DEAD = "DEAD", _("dead")
 
 
 #: An operator may requeue these (due now, attempts reset).
-INBOX_REQUEUEABLE = (InboxState.FAILED, InboxState.PARKED)
+INBOX_REQUEUEABLE = (InboxState.FAILED, InboxState.DEAD)

@@ -6,8 +6,8 @@ machine::
 
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
-                          '------> EXPIRED (the dead letter) --requeue--> PENDING
-    FAILED / EXPIRED --skip (an operator gives up on it)--> SKIPPED
+                          '------> DEAD (the dead letter) --requeue--> PENDING
+    FAILED / DEAD --skip (an operator gives up on it)--> SKIPPED
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ class Delivery(models.Model):
             models.Index(fields=["completed_at"], name="outbox_delivery_completed"),
         ]
         permissions = [
-            ("requeue_delivery", _("Can requeue, retry and expire deliveries")),
+            ("requeue_delivery", _("Can requeue, retry and dead-letter deliveries")),
         ]
 
     def __str__(self) -> str:
@@ -357,7 +357,7 @@ class InboxMessage(models.Model):
     InboxState, Eventuate's ``received_messages``). The message is
     acknowledged to the broker only after that commit. A message whose
     consumer failed is kept here with its body and retried from the database
-    (FAILED, then PARKED: the dead letter), never blocking the queue; so is a
+    (FAILED, then DEAD: the dead letter), never blocking the queue; so is a
     message kept for a consumer this process lacks (:class:`ConsumerSubscription`).
     HANDLED rows older than ``OUTBOX_INBOX_RETENTION_DAYS`` are purged. Rows
     recorded before the source was (an empty ``source``) still stop a
@@ -421,7 +421,7 @@ class InboxMessage(models.Model):
             models.Index(fields=["handled_at"], name="outbox_inbox_handled"),
         ]
         permissions = [
-            ("requeue_inboxmessage", _("Can requeue parked inbox messages")),
+            ("requeue_inboxmessage", _("Can requeue dead inbox messages")),
         ]
 
     def __str__(self) -> str:

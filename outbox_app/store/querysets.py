@@ -21,7 +21,7 @@ from .clock import database_now
 from .db import insert_select, reissued_on_deadlock
 from .lifecycle import (
     CLAIMABLE,
-    EXPIRABLE,
+    DEAD_LETTERABLE,
     INBOX_REQUEUEABLE,
     REQUEUEABLE,
     RETRYABLE,
@@ -67,20 +67,20 @@ class DeliveryQuerySet(QuerySet):
 
     def blocked_aggregates(self) -> int:
         """How many (subscriber, aggregate) pairs are stuck: each has an
-        EXPIRED row, which holds back the pair's later rows until an operator
+        DEAD row, which holds back the pair's later rows until an operator
         requeues or skips it. Each pair counts once, however many of its rows
-        are EXPIRED or wait behind them; rows without an aggregate hold
+        are DEAD or wait behind them; rows without an aggregate hold
         nothing back and are not counted.
 
         An ordered subscriber's aggregates follow publish order
         (``position``, a total order), so a pair stops for good only behind
-        an EXPIRED row: a FAILED head is retried, a RUNNING one's lease runs
+        a DEAD row: a FAILED head is retried, a RUNNING one's lease runs
         out, a scheduled one comes due, an event waiting for fan-out is
         fanned out. Meaningful on ordered subscribers' rows: call it on
         ``for_subscribers(ordered_names)``.
         """
         return (
-            self.filter(state=State.EXPIRED, aggregate_id__isnull=False)
+            self.filter(state=State.DEAD, aggregate_id__isnull=False)
             .order_by()
             .values("subscriber", "aggregate_type", "aggregate_id")
             .distinct()
@@ -122,7 +122,7 @@ class DeliveryQuerySet(QuerySet):
     # --- operators' transitions ---------------------------------------------------
 
     def requeue(self, batch_size: int = 1000) -> int:
-        """FAILED/EXPIRED -> PENDING, due now (a scheduled event's row: at its
+        """FAILED/DEAD -> PENDING, due now (a scheduled event's row: at its
         ``deliver_at`` while it is ahead), attempts reset to 0.
 
         The last error, its type and traceback and ``first_failed_at`` are kept,
@@ -153,20 +153,20 @@ class DeliveryQuerySet(QuerySet):
             updated_at=now,
         )
 
-    def expire(self, batch_size: int = 1000) -> int:
-        """Stop retrying: PENDING/FAILED -> EXPIRED (RUNNING rows are left to
+    def dead_letter(self, batch_size: int = 1000) -> int:
+        """Stop retrying: PENDING/FAILED -> DEAD (RUNNING rows are left to
         their worker)."""
         now = database_now(self.db)
         return self._in_batches(
-            self.filter(state__in=EXPIRABLE),
+            self.filter(state__in=DEAD_LETTERABLE),
             batch_size,
-            state=State.EXPIRED,
+            state=State.DEAD,
             completed_at=now,
             updated_at=now,
         )
 
     def skip(self, batch_size: int = 1000, states=SKIPPABLE) -> int:
-        """Give up delivering: FAILED/EXPIRED (or ``states``) -> SKIPPED,
+        """Give up delivering: FAILED/DEAD (or ``states``) -> SKIPPED,
         finished, the error kept. An ordered subscriber's aggregate held back
         by the row flows on."""
         now = database_now(self.db)
@@ -397,7 +397,7 @@ def _due(now: datetime.datetime) -> Case:
 
 class InboxMessageQuerySet(QuerySet):
     def requeue(self) -> int:
-        """FAILED/PARKED -> FAILED, due now, attempts reset to 0: ``manage.py
+        """FAILED/DEAD -> FAILED, due now, attempts reset to 0: ``manage.py
         consume`` runs them again (the last error kept as history). Returns
         rows requeued."""
         now = database_now(self.db)

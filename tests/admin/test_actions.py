@@ -44,7 +44,7 @@ def rows():
     event = events(1)[0]
     return {
         state: delivery(event, f"sub-{state.lower()}", state)
-        for state in (State.PENDING, State.FAILED, State.EXPIRED, State.SUCCEEDED)
+        for state in (State.PENDING, State.FAILED, State.DEAD, State.SUCCEEDED)
     }
 
 
@@ -58,7 +58,7 @@ def test_requeue_selected__failed_and_expired_become_pending(admin_client, rows)
     ]
     failed, expired, pending, succeeded = reload(
         rows[State.FAILED],
-        rows[State.EXPIRED],
+        rows[State.DEAD],
         rows[State.PENDING],
         rows[State.SUCCEEDED],
     )
@@ -77,7 +77,7 @@ def test_requeue_selected__logs_one_entry_per_requeued_row(admin_client, rows):
         content_type=ContentType.objects.get_for_model(Delivery)
     )
     assert sorted(int(e.object_id) for e in entries) == sorted(
-        [rows[State.FAILED].pk, rows[State.EXPIRED].pk]
+        [rows[State.FAILED].pk, rows[State.DEAD].pk]
     )
     entry = entries.first()
     assert entry.action_flag == CHANGE
@@ -90,7 +90,7 @@ def test_requeue_selected__nothing_requeueable_is_a_warning(admin_client, rows):
         admin_client, DELIVERIES, "requeue_selected", [rows[State.PENDING]]
     )
     assert messages_of(response) == [
-        "Nothing was requeued: only failed or expired deliveries can be."
+        "Nothing was requeued: only failed or dead deliveries can be."
     ]
     assert not LogEntry.objects.exists()
 
@@ -98,21 +98,23 @@ def test_requeue_selected__nothing_requeueable_is_a_warning(admin_client, rows):
 def test_retry_now__failed_rows_due_now_attempts_kept(admin_client, rows):
     response = run_action(admin_client, DELIVERIES, "retry_now", rows.values())
     assert messages_of(response)[0].startswith("1 failed delivery is due now.")
-    (failed, expired) = reload(rows[State.FAILED], rows[State.EXPIRED])
+    (failed, expired) = reload(rows[State.FAILED], rows[State.DEAD])
     assert failed.state == State.FAILED
     assert failed.attempts == 3
     assert failed.next_retry_at <= timezone.now()
-    assert expired.state == State.EXPIRED
+    assert expired.state == State.DEAD
     assert LogEntry.objects.get().object_id == str(failed.pk)
 
 
-def test_mark_expired__pending_and_failed_stop(admin_client, rows):
-    response = run_action(admin_client, DELIVERIES, "mark_expired", rows.values())
-    assert messages_of(response)[0].startswith("2 deliveries were marked expired.")
+def test_dead_letter__pending_and_failed_stop(admin_client, rows):
+    response = run_action(
+        admin_client, DELIVERIES, "dead_letter_selected", rows.values()
+    )
+    assert messages_of(response)[0].startswith("2 deliveries were dead-lettered.")
     pending, failed, succeeded = reload(
         rows[State.PENDING], rows[State.FAILED], rows[State.SUCCEEDED]
     )
-    assert (pending.state, failed.state) == (State.EXPIRED, State.EXPIRED)
+    assert (pending.state, failed.state) == (State.DEAD, State.DEAD)
     assert succeeded.state == State.SUCCEEDED
     assert LogEntry.objects.count() == 2
 
@@ -121,7 +123,7 @@ def test_skip_selected__failed_and_expired_are_given_up(admin_client, rows):
     response = run_action(admin_client, DELIVERIES, "skip_selected", rows.values())
     assert messages_of(response)[0].startswith("2 deliveries were skipped.")
     failed, expired, pending = reload(
-        rows[State.FAILED], rows[State.EXPIRED], rows[State.PENDING]
+        rows[State.FAILED], rows[State.DEAD], rows[State.PENDING]
     )
     assert (failed.state, expired.state) == (State.SKIPPED, State.SKIPPED)
     assert expired.completed_at is not None
@@ -131,8 +133,8 @@ def test_skip_selected__failed_and_expired_are_given_up(admin_client, rows):
 
 def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client):
     event_rows = events(3)
-    expired = [delivery(e, "a", State.EXPIRED) for e in event_rows]
-    other = delivery(event_rows[0], "b", State.EXPIRED)
+    expired = [delivery(e, "a", State.DEAD) for e in event_rows]
+    other = delivery(event_rows[0], "b", State.DEAD)
     response = run_action(
         admin_client,
         f"{DELIVERIES}?subscriber__exact=a",
@@ -142,7 +144,7 @@ def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client
     )
     assert messages_of(response) == ["3 deliveries were requeued."]
     assert {r.state for r in reload(*expired)} == {State.PENDING}
-    assert reload(other)[0].state == State.EXPIRED
+    assert reload(other)[0].state == State.DEAD
     entry = LogEntry.objects.get()
     assert entry.object_id is None
     assert entry.object_repr == "3 deliveries (subscriber__exact=a)"
@@ -150,17 +152,15 @@ def test_select_across__acts_on_the_whole_filter_and_logs_one_entry(admin_client
 
 def test_requeue_matching__confirms_then_requeues_only_the_filter(operator_client):
     event_rows = events(3)
-    matching = [delivery(e, "a", State.EXPIRED) for e in event_rows]
+    matching = [delivery(e, "a", State.DEAD) for e in event_rows]
     failed = delivery(event_rows[0], "b", State.FAILED)
-    query = "?state__exact=EXPIRED&subscriber__exact=a"
+    query = "?state__exact=DEAD&subscriber__exact=a"
 
     page = operator_client.get(REQUEUE_MATCHING + query)
     assert page.status_code == 200
     assert page.context["requeueable"] == 3
-    assert b"3 failed or expired deliveries match" in page.content
-    assert {r.state for r in reload(*matching)} == {
-        State.EXPIRED
-    }  # GET changes nothing
+    assert b"3 failed or dead deliveries match" in page.content
+    assert {r.state for r in reload(*matching)} == {State.DEAD}  # GET changes nothing
 
     response = operator_client.post(REQUEUE_MATCHING + query)
     assert response.status_code == 302
@@ -173,10 +173,8 @@ def test_requeue_matching__confirms_then_requeues_only_the_filter(operator_clien
 
 
 def test_requeue_matching__the_changelist_links_to_it_with_its_filter(operator_client):
-    response = operator_client.get(DELIVERIES + "?state__exact=EXPIRED")
-    assert (
-        f'href="{REQUEUE_MATCHING}?state__exact=EXPIRED"'.encode() in response.content
-    )
+    response = operator_client.get(DELIVERIES + "?state__exact=DEAD")
+    assert f'href="{REQUEUE_MATCHING}?state__exact=DEAD"'.encode() in response.content
 
 
 def test_requeue_matching__unknown_filter_goes_back(admin_client):
@@ -190,15 +188,15 @@ def test_requeue_matching__unknown_filter_goes_back(admin_client):
 
 def test_requeue_deliveries__of_the_selected_events(admin_client):
     first, second = events(2)
-    a = delivery(first, "a", State.EXPIRED)
+    a = delivery(first, "a", State.DEAD)
     b = delivery(first, "b", State.FAILED)
-    c = delivery(second, "a", State.EXPIRED)
+    c = delivery(second, "a", State.DEAD)
     response = run_action(admin_client, EVENTS, "requeue_deliveries", [first])
     assert messages_of(response) == ["2 deliveries were requeued."]
     assert [r.state for r in reload(a, b, c)] == [
         State.PENDING,
         State.PENDING,
-        State.EXPIRED,
+        State.DEAD,
     ]
     entry = LogEntry.objects.get()
     assert entry.object_id == str(first.pk)
@@ -269,11 +267,11 @@ def test_viewer__sees_no_actions(viewer_client, rows):
 
 
 def test_viewer__cannot_run_actions(viewer_client, rows, replay_target):
-    event = rows[State.EXPIRED].event
+    event = rows[State.DEAD].event
     for url, action, selection in [
         (DELIVERIES, "requeue_selected", rows.values()),
         (DELIVERIES, "retry_now", rows.values()),
-        (DELIVERIES, "mark_expired", rows.values()),
+        (DELIVERIES, "dead_letter_selected", rows.values()),
         (EVENTS, "requeue_deliveries", [event]),
     ]:
         response = run_action(viewer_client, url, action, selection)
@@ -296,7 +294,7 @@ def test_viewer__cannot_run_actions(viewer_client, rows, replay_target):
 
 def test_operator__may_run_actions(operator_client, rows):
     response = run_action(
-        operator_client, DELIVERIES, "requeue_selected", [rows[State.EXPIRED]]
+        operator_client, DELIVERIES, "requeue_selected", [rows[State.DEAD]]
     )
     assert messages_of(response) == ["1 delivery was requeued."]
 
@@ -373,16 +371,16 @@ def test_detail_page__offers_the_transitions_of_its_state(admin_client, rows):
     assert buttons_on(admin_client, rows[State.FAILED]) == [
         "Requeue",
         "Retry now",
-        "Mark expired",
+        "Dead-letter",
         "Skip",
     ]
-    assert buttons_on(admin_client, rows[State.EXPIRED]) == ["Requeue", "Skip"]
-    assert buttons_on(admin_client, rows[State.PENDING]) == ["Mark expired"]
+    assert buttons_on(admin_client, rows[State.DEAD]) == ["Requeue", "Skip"]
+    assert buttons_on(admin_client, rows[State.PENDING]) == ["Dead-letter"]
     assert buttons_on(admin_client, rows[State.SUCCEEDED]) == []
 
 
 def test_detail_page__requeue_then_the_error_is_history(admin_client, rows):
-    row = rows[State.EXPIRED]
+    row = rows[State.DEAD]
     Delivery.objects.filter(pk=row.pk).update(last_error="boom: refused")
     page = admin_client.get(change_url(row)).content.decode()
     assert "Last error" in page and "Previous attempt" not in page

@@ -34,7 +34,7 @@ def insert_expired_rows() -> None:
     for s in range(SUBSCRIBERS):
         Delivery.objects.create_for(OutboxEvent.objects.all(), f"sub-{s:03}", now)
     Delivery.objects.update(
-        state=State.EXPIRED,
+        state=State.DEAD,
         attempts=10,
         completed_at=now,
         last_error="broker down",
@@ -57,7 +57,7 @@ def test_requeue_matching__100k_rows_in_bounded_memory(admin_client):
     # One more row outside the filter, which must stay expired.
     outside = Delivery.objects.filter(subscriber="sub-000").first()
     Delivery.objects.filter(pk=outside.pk).update(last_error_type="builtins.Other")
-    assert Delivery.objects.filter(state=State.EXPIRED).count() == ROWS
+    assert Delivery.objects.filter(state=State.DEAD).count() == ROWS
 
     # What holding every matching row would cost, extrapolated from 5,000.
     sample = 5_000
@@ -65,13 +65,13 @@ def test_requeue_matching__100k_rows_in_bounded_memory(admin_client):
     loading_all = per_row * ROWS
 
     url = reverse("admin:outbox_app_delivery_requeue_matching")
-    query = "?state__exact=EXPIRED&last_error_type__exact=builtins.ConnectionError"
+    query = "?state__exact=DEAD&last_error_type__exact=builtins.ConnectionError"
     responses = []
     peak = peak_bytes(lambda: responses.append(admin_client.post(url + query)))
 
     assert responses[0].status_code == 302
     assert Delivery.objects.filter(state=State.PENDING).count() == ROWS - 1
-    assert Delivery.objects.get(pk=outside.pk).state == State.EXPIRED
+    assert Delivery.objects.get(pk=outside.pk).state == State.DEAD
     # Bounded: one batch of ids at a time, not the rows.
     assert loading_all > 50 * 1024 * 1024, loading_all  # the sample is meaningful
     assert peak < loading_all / 10, (peak, loading_all)

@@ -47,7 +47,7 @@ def hostile():
     row = delivery(
         event,
         "ops.record",
-        State.EXPIRED,
+        State.DEAD,
         last_error=f"ValueError: {XSS}",
         last_error_type="builtins.ValueError",
         last_traceback=(
@@ -92,12 +92,12 @@ def test_event_list__columns_and_delivery_summary(admin_client):
     delivery(event, "a", State.SUCCEEDED)
     delivery(event, "b", State.SUCCEEDED)
     delivery(event, "c", State.FAILED)
-    delivery(event, "d", State.EXPIRED)
+    delivery(event, "d", State.DEAD)
     page = admin_client.get(EVENTS)
     text = page.content.decode()
     assert "shop.Order:7 v3" in text
     summary = re.search(
-        r'title="succeeded / failed / expired"[^>]*>(.*?)</span>\s*</td', text, re.S
+        r'title="succeeded / failed / dead"[^>]*>(.*?)</span>\s*</td', text, re.S
     )
     assert re.sub(r"<[^>]+>", "", summary.group(1)) == "2 / 1 / 1"
 
@@ -107,10 +107,10 @@ def test_delivery_list__states_stand_out_next_attempt_only_when_due(
 ):
     (event,) = events(1)
     done = delivery(event, "a", State.SUCCEEDED)
-    expired = delivery(event, "b", State.EXPIRED)
+    expired = delivery(event, "b", State.DEAD)
     failed = delivery(event, "c", State.FAILED)
     text = admin_client.get(DELIVERIES).content.decode()
-    assert "outbox-state-expired" in text and "● expired" in text
+    assert "outbox-state-dead" in text and "● dead" in text
     assert "outbox-state-failed" in text
 
     def next_attempt(row) -> str:
@@ -174,7 +174,7 @@ def test_event_list__search_by_ids(admin_client):
 @pytest.mark.parametrize(
     "query",
     [
-        "state__exact=EXPIRED",
+        "state__exact=DEAD",
         "subscriber__exact=a",
         "event_type__exact=OrderPlaced",
         "last_error_type__exact=builtins.ConnectionError",
@@ -184,7 +184,7 @@ def test_event_list__search_by_ids(admin_client):
 )
 def test_delivery_list__filters(admin_client, query):
     event = events(1)[0]
-    expired = delivery(event, "a", State.EXPIRED)
+    expired = delivery(event, "a", State.DEAD)
     delivery(event, "b", State.SUCCEEDED, next_retry_at=timezone.now())
     page = admin_client.get(f"{DELIVERIES}?{query}")
     assert page.status_code == 200
@@ -193,7 +193,7 @@ def test_delivery_list__filters(admin_client, query):
 
 def test_delivery_list__search(admin_client):
     first, second = events(2, aggregate=("shop.Order", "B-2"))
-    a = delivery(first, "a", State.EXPIRED, last_error="socket timed out")
+    a = delivery(first, "a", State.DEAD, last_error="socket timed out")
     b = delivery(second, "a", State.PENDING)
     for term, expected in [
         (str(a.pk), {a.pk}),
@@ -224,7 +224,7 @@ def test_read_only__no_add_change_or_delete(admin_client, hostile):
     assert b"delete_selected" not in admin_client.get(EVENTS).content
     assert b"delete_selected" not in admin_client.get(DELIVERIES).content
     assert OutboxEvent.objects.count() == 1
-    assert Delivery.objects.get().state == State.EXPIRED
+    assert Delivery.objects.get().state == State.DEAD
 
 
 # --- overview -------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def busy():
             State.SUCCEEDED,
             completed_at=now - datetime.timedelta(minutes=minutes),
         )
-    delivery(second, "ops.record", State.EXPIRED)
+    delivery(second, "ops.record", State.DEAD)
     delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=3))
 
 
@@ -252,7 +252,7 @@ def test_overview__page(admin_client, busy):
     text = page.content.decode()
     assert 'id="outbox-subscribers"' in text
     assert ">ops.record</a>" in text
-    assert 'id="outbox-expired">1<' in text
+    assert 'id="outbox-dead">1<' in text
     assert re.search(r'id="outbox-lag">3 min \d+ s<', text)
     # An inline SVG chart with bars, and no external asset anywhere on the page.
     svg = re.search(r"<svg class=\"outbox-chart\".*?</svg>", text, re.S).group(0)
@@ -294,7 +294,7 @@ def test_overview__counts_the_inbox_per_consumer_under_its_headers(admin_client)
 
     counts = {
         ("billing.invoice", InboxState.HANDLED): 3,
-        ("billing.invoice", InboxState.PARKED): 1,
+        ("billing.invoice", InboxState.DEAD): 1,
         ("crm.<sync>", InboxState.FAILED): 2,
     }
     InboxMessage.objects.bulk_create(
@@ -307,7 +307,7 @@ def test_overview__counts_the_inbox_per_consumer_under_its_headers(admin_client)
     text = admin_client.get(OVERVIEW).content.decode()
     table = re.search(r'<table id="outbox-inbox">.*?</table>', text, re.S).group(0)
     headers = re.findall(r'<th scope="col"[^>]*>([^<]*)</th>', table)
-    assert headers == ["consumer", "handled", "failed", "parked"]
+    assert headers == ["consumer", "handled", "failed", "dead"]
     rows = {}
     for row in re.findall(r"<tr[^>]*>\s*<th scope=\"row\">(.*?)</tr>", table, re.S):
         name = re.search(r">([^<]*)</a>", row).group(1)
@@ -316,16 +316,16 @@ def test_overview__counts_the_inbox_per_consumer_under_its_headers(admin_client)
         ]
         rows[name] = dict(zip(headers[1:], map(int, cells), strict=True))
     assert rows == {
-        "billing.invoice": {"handled": 3, "failed": 0, "parked": 1},
-        "crm.&lt;sync&gt;": {"handled": 0, "failed": 2, "parked": 0},
+        "billing.invoice": {"handled": 3, "failed": 0, "dead": 1},
+        "crm.&lt;sync&gt;": {"handled": 0, "failed": 2, "dead": 0},
     }
-    assert "consumer__exact=billing.invoice&amp;state__exact=PARKED" in table
+    assert "consumer__exact=billing.invoice&amp;state__exact=DEAD" in table
 
 
 def test_overview__json(admin_client, busy):
     with subscribed("OrderPlaced"):
         data = admin_client.get(OVERVIEW_JSON).json()
-    assert data["expired"] == 1
+    assert data["dead"] == 1
     assert data["deliveries"]["total"] == 4
     assert sum(data["deliveries"]["per_minute"]) == 4
     names = [row["name"] for row in data["subscribers"]]

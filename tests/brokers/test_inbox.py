@@ -153,7 +153,7 @@ def test_duplicates_have_no_effect_and_a_poison_message_is_parked(
         code = consumer.stop()
     assert code == 0, consumer.text()
     assert effects() == 19
-    parked = InboxMessage.objects.get(state=InboxState.PARKED)
+    parked = InboxMessage.objects.get(state=InboxState.DEAD)
     assert (parked.attempts, parked.last_error) == (2, "order 13 is poison")
     assert InboxMessage.objects.filter(state=InboxState.HANDLED).count() == 19
     stopped = re.search(
@@ -310,7 +310,7 @@ def test_poison_input_through_consume_is_parked_readably_and_the_rest_handled(
     rabbitmq, unique
 ):
     """A consumer raising text no column can hold (a lone surrogate, NUL),
-    and a CloudEvent whose subject holds NUL: both PARKED with readable
+    and a CloudEvent whose subject holds NUL: both DEAD with readable
     text, the other messages handled, consume never stops."""
     consumer = consume(
         rabbitmq,
@@ -333,10 +333,10 @@ def test_poison_input_through_consume_is_parked_readably_and_the_rest_handled(
     assert code == 0, consumer.text()
     assert positions("tests.inbox") == [0, 1, 3, 4, 5]
     garbled = InboxMessage.objects.get(last_error_type="builtins.ValueError")
-    assert (garbled.state, garbled.attempts) == (InboxState.PARKED, 2)
+    assert (garbled.state, garbled.attempts) == (InboxState.DEAD, 2)
     assert garbled.last_error == "order 2 is \\udcff\\x00 garbled"
     undecodable = InboxMessage.objects.get(message_id=poison)
-    assert undecodable.state == InboxState.PARKED
+    assert undecodable.state == InboxState.DEAD
     assert "subject holds a NUL character" in undecodable.last_error
 
 

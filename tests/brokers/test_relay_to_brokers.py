@@ -104,7 +104,7 @@ def test_a_message_the_broker_can_never_take_expires_alone_and_nothing_pauses(
     request, broker_name, settings, unique
 ):
     """An event type of 200 two-byte characters overflows the AMQP ``type``
-    property (255 bytes): on RabbitMQ that row is EXPIRED after one attempt
+    property (255 bytes): on RabbitMQ that row is DEAD after one attempt
     with the reason, the others are delivered, the publisher never pauses.
     Redis has no such limit: every row is delivered."""
     broker = request.getfixturevalue(broker_name)
@@ -121,14 +121,14 @@ def test_a_message_the_broker_can_never_take_expires_alone_and_nothing_pauses(
     assert not SubscriberPause.objects.exists()  # never paused
     delivery = Delivery.objects.get(event_id=odd.id)
     if broker.amqp:
-        assert (report.succeeded, report.expired, report.released) == (6, 1, 0)
-        assert (delivery.state, delivery.attempts) == (State.EXPIRED, 1)
+        assert (report.succeeded, report.dead, report.released) == (6, 1, 0)
+        assert (delivery.state, delivery.attempts) == (State.DEAD, 1)
         assert "'type' is 400 bytes" in delivery.last_error
         assert delivery.last_error_type == (
             "outbox_app.exceptions.UndeliverableMessage"
         )
     else:
-        assert (report.succeeded, report.expired) == (7, 0)
+        assert (report.succeeded, report.dead) == (7, 0)
         assert delivery.state == State.SUCCEEDED
         rows.append(odd)
     assert sorted(m.properties["message_id"] for m in delivered) == sorted(
@@ -174,7 +174,7 @@ def test_broker_outage__paused_no_attempt_spent_then_delivered(
 
 def test_a_ten_minute_outage_expires_nothing(rabbitmq, proxy, settings, unique):
     """RabbitMQ unreachable for 10 minutes of a test clock, events published
-    all along, the defaults' 10 attempts: none EXPIRED, none attempted, every
+    all along, the defaults' 10 attempts: none DEAD, none attempted, every
     event delivered once after."""
     queue = rabbitmq.bind(f"{unique}-q", unique)
     configure_proxied(settings, proxy, unique)
@@ -186,10 +186,10 @@ def test_a_ten_minute_outage_expires_nothing(rabbitmq, proxy, settings, unique):
             published += publish(OrderPlaced(order_id=step, total=decimal.Decimal(1)))
         now = start + datetime.timedelta(seconds=step)
         report = relay_once(kind="publisher", now=now)
-        assert report.succeeded == report.failed == report.expired == 0
+        assert report.succeeded == report.failed == report.dead == 0
     rows = Delivery.objects.all()
     assert rows.count() == len(published) == 120
-    assert not rows.filter(state=State.EXPIRED).exists()
+    assert not rows.filter(state=State.DEAD).exists()
     assert set(rows.values_list("attempts", flat=True)) == {0}
     proxy.restore()
     end = start + datetime.timedelta(seconds=600 + 60)
@@ -337,4 +337,4 @@ def test_unroutable_rows_are_told_apart_for_requeue(rabbitmq, settings, unique):
     call_command(
         "outbox_requeue", "--subscriber", "bus", "--error-type", kind, stdout=out
     )
-    assert "Requeued 2 FAILED/EXPIRED deliveries of bus." in out.getvalue()
+    assert "Requeued 2 FAILED/DEAD deliveries of bus." in out.getvalue()

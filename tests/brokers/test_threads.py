@@ -54,7 +54,7 @@ def test_threads_relaying_one_publisher_credit_each_confirm_once(
         close_publishers()
     assert not errors, errors
     assert sum(r.succeeded for r in reports) == total
-    assert sum(r.failed + r.expired + r.lost for r in reports) == 0
+    assert sum(r.failed + r.dead + r.lost for r in reports) == 0
     assert Delivery.objects.filter(state=State.SUCCEEDED).count() == total
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert len(ids) == len(set(ids)) == total

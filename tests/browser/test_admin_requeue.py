@@ -1,4 +1,4 @@
-"""End to end, in a real browser: an operator requeues expired deliveries in
+"""End to end, in a real browser: an operator requeues dead deliveries in
 the sample project's admin.
 
 Starts the sample project (``manage.py``, ``sample_project.settings``) on a fresh
@@ -26,8 +26,8 @@ import pytest
 from tests.conftest import CHROMIUM, require_service
 
 #: The overview's state columns, in the order of ``outbox_app.store.lifecycle.State``.
-STATE_VALUES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "EXPIRED", "SKIPPED"]
-STATE_LABELS = ["pending", "running", "succeeded", "failed", "expired", "skipped"]
+STATE_VALUES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "SKIPPED"]
+STATE_LABELS = ["pending", "running", "succeeded", "failed", "dead", "skipped"]
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / os.environ.get("OUTBOX_SCREENSHOT_DIR", "artifacts")
 USERNAME, PASSWORD = "operator", "correct horse battery staple"
@@ -73,7 +73,7 @@ for n, event in enumerate(events):
             row.state, row.attempts = "PENDING", 0
             row.created_at = now - datetime.timedelta(seconds=40)
         elif late and subscriber == {EMAIL_HANDLER!r}:
-            row.state, row.attempts = "EXPIRED", 10
+            row.state, row.attempts = "DEAD", 10
             row.last_error = "SMTPServerDisconnected: Connection unexpectedly closed"
             row.last_error_type = "smtplib.SMTPServerDisconnected"
             row.last_traceback = (
@@ -97,7 +97,7 @@ for n, event in enumerate(events):
         rows.append(row)
 Delivery.objects.bulk_create(rows)
 # What the shop's own consumer (manage.py consume) received: handled, one
-# failing and one parked.
+# failing and one dead.
 from outbox_app import InboxMessage
 inbox = [
     InboxMessage(
@@ -107,7 +107,7 @@ inbox = [
     )
     for event in events[:-2]
 ]
-inbox[-1].state, inbox[-1].handled_at = "PARKED", None
+inbox[-1].state, inbox[-1].handled_at = "DEAD", None
 inbox[-1].last_error = "KeyError: 'order_id'"
 inbox[-2].state, inbox[-2].handled_at = "FAILED", None
 inbox[-2].next_retry_at = now + datetime.timedelta(seconds=20)
@@ -275,14 +275,14 @@ def test_overview_numbers_sit_under_their_headers(sample_site, browser):
             assert lag is not None and abs(lag - want_lag) <= 5, (name, row["lag"])
         blocked = want["blocked_aggregates"]
         assert row["blocked aggregates"] == ("-" if blocked is None else str(blocked))
-    assert page.locator("#outbox-expired").inner_text() == str(status["expired"])
+    assert page.locator("#outbox-dead").inner_text() == str(status["dead"])
     assert page.locator("#outbox-blocked").inner_text() == str(
         status["blocked_aggregates"]
     )
     # The inbox's table, by its headers, against the JSON's "inbox".
     inbox = page.locator("#outbox-inbox")
     headers = [h.lower() for h in inbox.locator("thead th").all_inner_texts()]
-    assert headers == ["consumer", "handled", "failed", "parked"]
+    assert headers == ["consumer", "handled", "failed", "dead"]
     rows = inbox.locator("tbody tr")
     shown = {}
     for i in range(rows.count()):
@@ -293,7 +293,7 @@ def test_overview_numbers_sit_under_their_headers(sample_site, browser):
         row["consumer"]: {state.lower(): str(n) for state, n in row["states"].items()}
         for row in status["inbox"]
     }
-    assert shown["shop.consumed"]["parked"] == "1"
+    assert shown["shop.consumed"]["dead"] == "1"
 
 
 def test_operator_requeues_expired_deliveries(sample_site, browser):
@@ -307,20 +307,20 @@ def test_operator_requeues_expired_deliveries(sample_site, browser):
     page.goto(f"{sample_site}/admin/outbox_app/")
     page.click("a:text-is('Overview')")
     expect(page.locator("h1")).to_have_text("Outbox overview")
-    expect(page.locator("#outbox-expired")).to_have_text("3")
+    expect(page.locator("#outbox-dead")).to_have_text("3")
     expect(page.locator("#outbox-subscribers")).to_contain_text(EMAIL_HANDLER)
     expect(page.locator("#outbox-chart path.bars")).to_have_count(1)
     page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
 
-    # Open the expired deliveries.
+    # Open the dead deliveries.
     page.goto(f"{sample_site}/admin/")
     page.click("#content-main a:text-is('Deliveries')")
     state_filter = page.locator("#changelist-filter details[data-filter-title='state']")
-    state_filter.locator("a:text-is('expired')").click()
+    state_filter.locator("a:text-is('dead')").click()
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(3)
     expect(page.locator("#result_list td.field-state_label")).to_have_text(
-        ["● expired \u00d710"] * 3
+        ["● dead \u00d710"] * 3
     )
 
     # Select them and run "Requeue selected".
@@ -330,7 +330,7 @@ def test_operator_requeues_expired_deliveries(sample_site, browser):
     page.click("button[name=index]")
     success = page.locator("ul.messagelist li.success")
     expect(success).to_have_text("3 deliveries were requeued.")
-    expect(rows).to_have_count(0)  # none is expired any more
+    expect(rows).to_have_count(0)  # none is dead any more
     page.screenshot(path=str(SCREENSHOTS / "admin-requeue-done.png"))
 
     # Their new state: pending, attempts reset, the last error kept.
@@ -382,7 +382,7 @@ def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
     )
     page.locator("#result_list tbody tr th a").first.click()
     tools = page.locator(".object-tools button")
-    expect(tools).to_have_text(["Requeue", "Retry now", "Mark expired", "Skip"])
+    expect(tools).to_have_text(["Requeue", "Retry now", "Dead-letter", "Skip"])
     headings = page.locator("fieldset h2")
     expect(headings).to_have_text(["Aggregate", "Last error", "Lease"])
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -395,4 +395,4 @@ def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
     expect(headings).to_have_text(
         ["Aggregate", "Previous attempt's error (kept as history)", "Lease"]
     )
-    expect(page.locator(".object-tools button")).to_have_text(["Mark expired"])
+    expect(page.locator(".object-tools button")).to_have_text(["Dead-letter"])

@@ -247,7 +247,7 @@ def test_fan_out_delivery_requeue_and_replay_only_flip_delivered(wal, handlers):
     handlers("broken")  # fails every time: FAILED, then requeued
 
     relay_once()  # fan-out, then delivery to record_a, record_b and broken
-    assert Delivery.objects.filter(subscriber="broken").expire() == 3
+    assert Delivery.objects.filter(subscriber="broken").dead_letter() == 3
     assert requeue_matching(Delivery.objects.all()) == 3
     relay_once()  # the requeued deliveries fail again
     assert replay_to(OutboxEvent.objects.all(), "record_a").reset == 3

@@ -148,3 +148,59 @@ def test_the_renames_keep_rows_grants_and_indexes():
         Delivery.objects.create(
             event=event, subscriber="s", event_type="Step", next_retry_at=now
         )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dead_letter_is_one_state_backwards_and_forwards():
+    """Migration 0012 converts the stored states in place: a delivery out of
+    attempts was EXPIRED and an inbox message out of attempts PARKED; both
+    are DEAD, and an ordered subscriber's DEAD row still holds back its
+    aggregate (the rebuilt index's condition lists DEAD)."""
+    import datetime
+    import uuid
+
+    from outbox_app.models import Delivery, InboxMessage, OutboxEvent
+    from outbox_app.store.lifecycle import InboxState, State
+
+    now = datetime.datetime.now(datetime.UTC)
+    event = OutboxEvent.objects.create(
+        id=uuid.UUID(int=9),
+        namespace="test",
+        event_type="Step",
+        payload={},
+        occurred_at=now,
+        aggregate_type="Order",
+        aggregate_id="1",
+        fanned_out=True,
+    )
+    dead = Delivery.objects.create(
+        event=event,
+        subscriber="s",
+        event_type="Step",
+        aggregate_type="Order",
+        aggregate_id="1",
+        next_retry_at=now,
+        state=State.DEAD,
+    )
+    message = InboxMessage.objects.create(
+        consumer="c", message_id="m", state=InboxState.DEAD, attempts=5
+    )
+
+    def stored(model, pk):
+        with connection.cursor() as cursor:
+            table = connection.ops.quote_name(model._meta.db_table)
+            cursor.execute(f"SELECT state FROM {table} WHERE id = %s", [pk])
+            return cursor.fetchone()[0]
+
+    out = StringIO()
+    call_command("migrate", "outbox_app", "0011", stdout=out)
+    assert (stored(Delivery, dead.pk), stored(InboxMessage, message.pk)) == (
+        "EXPIRED",
+        "PARKED",
+    )
+    call_command("migrate", "outbox_app", stdout=out)
+    assert (stored(Delivery, dead.pk), stored(InboxMessage, message.pk)) == (
+        "DEAD",
+        "DEAD",
+    )
+    assert Delivery.objects.for_subscribers(["s"]).blocked_aggregates() == 1

@@ -296,7 +296,7 @@ def test_operator_actions_on_a_skewed_host_use_the_databases_clock(skew, seconds
     skew(seconds)
     assert rows.retry_now() == 3
     assert all(near(r.next_retry_at) for r in rows)
-    rows.update(state=State.EXPIRED)
+    rows.update(state=State.DEAD)
     assert rows.requeue() == 3
     assert all(near(r.next_retry_at) for r in rows)
     assert near(cutoff_for(0))

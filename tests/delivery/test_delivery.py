@@ -119,10 +119,10 @@ def test_failing_handler__failed_retried_expired_requeued(registered, settings):
     assert row.next_retry_at <= timezone.now() + datetime.timedelta(seconds=1)
     assert deliver().claimed == 0
     assert deliver(now=later(1.01)).failed == 1
-    assert deliver(now=later(2.01 + 1)).expired == 1
+    assert deliver(now=later(2.01 + 1)).dead == 1
     row.refresh_from_db()
     assert (row.state, row.attempts, row.last_error) == (
-        State.EXPIRED,
+        State.DEAD,
         3,
         "bad thing #3",
     )
@@ -150,10 +150,10 @@ def test_give_up_on_expires_at_once(registered):
         raise KeyError("no such customer")
 
     place(1)
-    assert relay_once().expired == 1
+    assert relay_once().dead == 1
     row = Delivery.objects.get()
     assert (row.state, row.attempts, row.last_error_type) == (
-        State.EXPIRED,
+        State.DEAD,
         1,
         "builtins.KeyError",
     )
@@ -165,7 +165,7 @@ def test_exception_outside_retry_on_expires(registered):
         raise TypeError("a bug, not a transient failure")
 
     place(1)
-    assert relay_once().expired == 1
+    assert relay_once().dead == 1
 
 
 def test_per_handler_max_attempts(registered, settings):
@@ -176,7 +176,7 @@ def test_per_handler_max_attempts(registered, settings):
         raise ConnectionError("down")
 
     place(1)
-    assert relay_once().expired == 1
+    assert relay_once().dead == 1
 
 
 def test_backoff_is_capped_exponential_with_jitter(registered, settings):
@@ -285,7 +285,7 @@ def test_a_raising_on_commit_callback_fails_only_its_own_row(registered):
 
     events = place(3)
     report = relay_once()
-    assert (report.succeeded, report.failed, report.expired) == (8, 1, 0)
+    assert (report.succeeded, report.failed, report.dead) == (8, 1, 0)
     assert sorted(sent) == sorted(
         [("first", i) for i in range(3)]
         + [("second", 0), ("second", 2)]
@@ -351,10 +351,10 @@ def test_a_raising_on_commit_callback_expires_its_row_after_its_attempts(
 
     place(2)
     report = relay_once()
-    assert (report.succeeded, report.expired) == (0, 2)
+    assert (report.succeeded, report.dead) == (0, 2)
     rows = Delivery.objects.all()
     assert set(rows.values_list("state", "last_error_type")) == {
-        (State.EXPIRED, "builtins.ZeroDivisionError")
+        (State.DEAD, "builtins.ZeroDivisionError")
     }
 
 
@@ -660,8 +660,8 @@ def test_ordered__failed_head_waits_expired_head_blocks_only_its_aggregate(
     assert [p for a, p in seen if a == "fine"] == [0, 1, 2]
     assert not [p for a, p in seen if a == "stuck"]
     assert Delivery.objects.get(aggregate_id="stuck", state=State.FAILED)
-    deliver(now=later(3600))  # second attempt fails: EXPIRED head
-    head = Delivery.objects.get(aggregate_id="stuck", state=State.EXPIRED)
+    deliver(now=later(3600))  # second attempt fails: DEAD head
+    head = Delivery.objects.get(aggregate_id="stuck", state=State.DEAD)
     for _ in range(3):
         deliver(now=later(7200))
     assert not [p for a, p in seen if a == "stuck"]  # blocked until an operator acts
@@ -756,7 +756,7 @@ def test_skipping_an_expired_head_unblocks_its_aggregate(registered, settings):
     relay_once()
     rows = Delivery.objects.for_subscribers(["skippy"])
     assert rows.blocked_aggregates() == 1 and seen == []
-    assert rows.filter(state=State.EXPIRED).skip() == 1
+    assert rows.filter(state=State.DEAD).skip() == 1
     relay_once()
     assert seen == [1, 2]
     head = rows.get(state=State.SKIPPED)

@@ -127,8 +127,8 @@ def test_an_event_the_orm_inserts_is_numbered_too():
 
 
 def test_blocked_aggregates_counts_each_stuck_aggregate_once(registered, settings):
-    """An aggregate held back by an EXPIRED row counts once, however many of
-    its rows are EXPIRED or waiting behind it; events without an aggregate
+    """An aggregate held back by a DEAD row counts once, however many of
+    its rows are DEAD or waiting behind it; events without an aggregate
     hold nothing back and are not counted."""
     settings.OUTBOX_MAX_ATTEMPTS = 1
 
@@ -144,10 +144,10 @@ def test_blocked_aggregates_counts_each_stuck_aggregate_once(registered, setting
         publish(Step(position=0), Step(position=1))  # no aggregate
     drain()
     rows = Delivery.objects.for_subscribers(["stuck"])
-    assert rows.filter(state=State.EXPIRED).count() == 4  # a0, b0 and both loose
-    # An operator expires what waits behind a's head: four EXPIRED rows, one
+    assert rows.filter(state=State.DEAD).count() == 4  # a0, b0 and both loose
+    # An operator expires what waits behind a's head: four DEAD rows, one
     # aggregate.
-    assert rows.filter(aggregate_id="a", state=State.PENDING).expire() == 3
+    assert rows.filter(aggregate_id="a", state=State.PENDING).dead_letter() == 3
     assert rows.blocked_aggregates() == 2  # a and b
     rows.filter(aggregate_id="b").skip()
     assert rows.blocked_aggregates() == 1

@@ -139,7 +139,7 @@ def test_retire_skips_the_waiting_rows_or_keeps_them():
     rows = Delivery.objects.filter(subscriber="elsewhere").order_by("id")
     ids = list(rows.values_list("id", flat=True))
     rows.filter(id=ids[1]).update(state=State.FAILED)
-    rows.filter(id=ids[2]).update(state=State.EXPIRED)
+    rows.filter(id=ids[2]).update(state=State.DEAD)
     rows.filter(id=ids[3]).update(state=State.RUNNING)
     rows.filter(id=ids[4]).update(state=State.SUCCEEDED)
     retired, skipped = operations.retire(

@@ -11,7 +11,7 @@ before it is due), fan-out (``delivery.fan_out``), claims
 while the clock moves past their lease (``now=``, never a sleep) and another
 claim takes them over, then finished or released with their stale lease
 token; the operators' transitions the admin actions call
-(``operations.apply``: requeue, retry now, expire, skip;
+(``operations.apply``: requeue, retry now, dead-letter, skip;
 ``operations.requeue_deliveries``; ``operations.replay_to``); ``purge()`` at
 a cutoff between two steps; and a handler deployed late. Two handlers are
 subscribed from the start: ``lc.ordered`` (``ordered=True``, writes to the
@@ -38,7 +38,7 @@ explicitly after every step (each failure message names its promise):
   only purge deletes it (states.py, operations.py);
 - ordered: a claim for ``lc.ordered`` only takes an aggregate's head, never a
   later event while an earlier one of the same aggregate is unfinished or not
-  fanned out yet ("Ordering"), and an EXPIRED head blocks its aggregate until
+  fanned out yet ("Ordering"), and a DEAD head blocks its aggregate until
   it is requeued or skipped, a scheduled head until it is delivered or lapsed;
 - not before ``deliver_at``: no claim takes, and no handler runs, an event
   before its ``deliver_at`` by the claim's clock; fan-out writes its rows due
@@ -53,7 +53,7 @@ explicitly after every step (each failure message names its promise):
   of them, each once;
 - retries: a FAILED row is due again within the capped exponential backoff
   ceiling; after ``max_attempts`` (or at once for ``give_up_on``, or when
-  the last attempt's lease ran out) it is EXPIRED and keeps its error, also
+  the last attempt's lease ran out) it is DEAD and keeps its error, also
   when requeued ("Retries, backoff and the dead letter");
 - attempts only go up, except when a release hands a claim back (the claim's
   attempt taken back) or an operator requeues or replays (reset to 0);
@@ -747,8 +747,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             note.token = note.lease_until = None
             if context.attempt > limit:
                 # The last allowed attempt's lease ran out: not run again.
-                note.state, note.error = State.EXPIRED, "LeaseLost"
-                expected["expired"] += 1
+                note.state, note.error = State.DEAD, "LeaseLost"
+                expected["dead"] += 1
                 assert not ran[note.id], "a row past its attempts was run again"
                 continue
             assert 1 <= ran[note.id] <= occurrences[note.id], (
@@ -761,8 +761,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 continue
             note.error = "ValueError" if outcome == "retry" else "KeyError"
             if (outcome == "give_up" and name in GIVES_UP) or context.attempt >= limit:
-                note.state = State.EXPIRED
-                expected["expired"] += 1
+                note.state = State.DEAD
+                expected["dead"] += 1
             else:
                 note.state = State.FAILED
                 failed[note.id] = context.attempt
@@ -772,7 +772,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         got = Counter(
             succeeded=report.succeeded,
             failed=report.failed,
-            expired=report.expired,
+            dead=report.dead,
             lost=report.lost,
             released=report.released,
         )
@@ -794,7 +794,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 )
                 self.notes[pk].due = due
         TRIED["rows stale"] += len(stale)
-        for key in ("succeeded", "failed", "expired"):
+        for key in ("succeeded", "failed", "dead"):
             TRIED[f"rows {key}"] += expected[key]
 
     @rule(subscriber=SUBSCRIBER, limit=LIMIT, fold=st.booleans(), plan=OUTCOMES)
@@ -892,7 +892,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @rule(
-        transition=st.sampled_from(["requeue", "retry_now", "expire", "skip"]),
+        transition=st.sampled_from(["requeue", "retry_now", "dead_letter", "skip"]),
         selection=st.tuples(st.just("subscriber"), SUBSCRIBER)
         | st.tuples(st.just("rows"), PICKS),
         batch_size=st.integers(1, 3),
@@ -914,8 +914,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self._reset(note)
             elif transition == "retry_now":
                 note.due = None
-            elif transition == "expire":
-                note.state = State.EXPIRED
+            elif transition == "dead_letter":
+                note.state = State.DEAD
             else:
                 note.state, note.completed = State.SKIPPED, self.step
                 self.skipped_pairs.add((note.event, note.subscriber))
@@ -1203,7 +1203,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert row["next_retry_at"] == note.due
             elif note.state in (State.PENDING, State.FAILED):
                 assert row["next_retry_at"] <= now, f"{pk} is not due now"
-            if note.state in (*FINISHED, State.EXPIRED):
+            if note.state in (*FINISHED, State.DEAD):
                 assert row["completed_at"] is not None
             assert row["last_error_type"].endswith(note.error), (
                 f"{pk}: last error {row['last_error_type']!r}, expected {note.error}"
@@ -1237,9 +1237,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._begin("drain")
             self.offset += 2 * outbox_settings.LEASE_SECONDS
             self.promises_hold()
-            if any(
-                n.state in (State.FAILED, State.EXPIRED) for n in self.notes.values()
-            ):
+            if any(n.state in (State.FAILED, State.DEAD) for n in self.notes.values()):
                 self._begin("drain")
                 self._transition(
                     "requeue", Delivery.objects.all(), list(self.notes.values()), 50
@@ -1296,7 +1294,7 @@ def test_requeue_and_replay_keep_the_schedule(again):
             )
         fan_out()
         rows = Delivery.objects.filter(event=event)
-        assert operations.apply(rows, "expire") == 1
+        assert operations.apply(rows, "dead_letter") == 1
         if again == "requeue":
             operations.requeue_deliveries(OutboxEvent.objects.filter(pk=event.pk))
         else:

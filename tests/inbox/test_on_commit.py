@@ -1,6 +1,6 @@
 """A consumer's ``transaction.on_commit`` callbacks: taken out of Django's
 list and run by the inbox after its commit, each guarded. One that raises
-fails its own message (FAILED, retried from the database, then PARKED),
+fails its own message (FAILED, retried from the database, then DEAD),
 every other callback still runs, nothing escapes to ``consume``."""
 
 from __future__ import annotations
@@ -119,11 +119,11 @@ def test_a_callback_raising_on_every_retry_parks_its_message(notifies):
     notifies.broken.add(5)
     receive_batch(batch_of(message(2), message(5)), {QUEUE: mine()})
     notifies.broken.clear()
-    # One retry_due() call: 2's callback raises again (PARKED: two attempts),
+    # One retry_due() call: 2's callback raises again (DEAD: two attempts),
     # 5 runs and its callbacks run.
     tally = retry_due(mine(), now=timezone.now() + LATER)
-    assert (tally.handled, tally.parked) == (1, 1)
-    parked = InboxMessage.objects.get(state=InboxState.PARKED)
+    assert (tally.handled, tally.dead) == (1, 1)
+    parked = InboxMessage.objects.get(state=InboxState.DEAD)
     assert (parked.attempts, parked.last_error) == (2, "the callback of order 2 failed")
     assert ran_for(notifies, 2) == [1, "second", "audit", 2, "second"]
     assert ran_for(notifies, 5) == ["audit", 2, "second"]

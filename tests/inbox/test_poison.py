@@ -70,10 +70,10 @@ def test_a_consumer_raising_text_no_column_can_hold_is_recorded_readably(consume
     row = InboxMessage.objects.get(state=InboxState.FAILED)
     assert row.last_error == "bad \\udcff and \\x00 here"
     assert "ValueError: bad \\udcff and \\x00 here" in row.last_traceback
-    assert retry_due(mine(), now=timezone.now() + LATER).parked == 1  # an UPDATE
+    assert retry_due(mine(), now=timezone.now() + LATER).dead == 1  # an UPDATE
     row.refresh_from_db()
     assert (row.state, row.last_error) == (
-        InboxState.PARKED,
+        InboxState.DEAD,
         "bad \\udcff and \\x00 here",
     )
     assert effects("garbled") == [1, 3]
@@ -106,9 +106,9 @@ def test_a_cloudevent_the_inbox_cannot_store_is_parked_and_the_batch_goes_on(
 ):
     poison = altered(2, **{attribute: value})
     tally = receive_batch(batch_of(message(1), poison, message(3)), {QUEUE: mine()})
-    assert (tally.handled, tally.parked) == (2, 1)
+    assert (tally.handled, tally.dead) == (2, 1)
     assert effects() == [1, 3]
-    parked = InboxMessage.objects.get(state=InboxState.PARKED)
+    parked = InboxMessage.objects.get(state=InboxState.DEAD)
     assert parked.last_error_type == UNDECODABLE
     assert reason in parked.last_error
     # Keyed by the body's digest when (source, id) is no usable key.
@@ -123,14 +123,14 @@ def test_a_cloudevent_the_inbox_cannot_store_is_parked_and_the_batch_goes_on(
     assert "\x00" not in parked.body and '"order_id": 2' in parked.body
     # Redelivered: a duplicate, message by message too.
     again = receive(poison, QUEUE, mine())
-    assert (again.parked, again.duplicates) == (0, 1)
-    assert InboxMessage.objects.filter(state=InboxState.PARKED).count() == 1
+    assert (again.dead, again.duplicates) == (0, 1)
+    assert InboxMessage.objects.filter(state=InboxState.DEAD).count() == 1
 
 
 def test_a_broker_message_id_the_inbox_cannot_store_is_not_the_key(everything):
     body = b"\xff not json"
     tally = receive_batch([(body, QUEUE, "m\x00" + "x" * 300)], {QUEUE: mine()})
-    assert tally.parked == 1
+    assert tally.dead == 1
     assert InboxMessage.objects.get().message_id == hashlib.sha256(body).hexdigest()
 
 

@@ -95,8 +95,8 @@ def test_a_poison_message_is_parked_and_the_others_flow(consumer):
     receive(message(13), QUEUE, mine())
     for n in range(3):
         assert receive(message(n), QUEUE, mine()).handled == 1
-    assert retry_due(mine(), now=timezone.now() + LATER).parked == 1
-    poison = InboxMessage.objects.get(state=InboxState.PARKED)
+    assert retry_due(mine(), now=timezone.now() + LATER).dead == 1
+    poison = InboxMessage.objects.get(state=InboxState.DEAD)
     assert poison.attempts == 2 and poison.last_error == "unlucky"
     assert retry_due(mine(), now=timezone.now() + 2 * LATER).handled == 0
     assert SideEffect.objects.count() == 3
@@ -104,12 +104,12 @@ def test_a_poison_message_is_parked_and_the_others_flow(consumer):
 
 def test_an_undecodable_message_is_parked_for_each_consumer_of_its_queue(recorded):
     tally = receive(b"\xff not json", QUEUE, mine(), message_id="m-1")
-    assert tally.parked == 1
+    assert tally.dead == 1
     row = InboxMessage.objects.get()
-    assert (row.message_id, row.state) == ("m-1", InboxState.PARKED)
+    assert (row.message_id, row.state) == ("m-1", InboxState.DEAD)
     assert row.last_error_type == "outbox_app.exceptions.UndecodableMessage"
     assert row.body.startswith("\\xff not json")
-    assert receive(b'{"id": "x"}', QUEUE, mine()).parked == 1  # keyed by digest
+    assert receive(b'{"id": "x"}', QUEUE, mine()).dead == 1  # keyed by digest
     assert (
         "no specversion, source, type" in InboxMessage.objects.latest("id").last_error
     )
@@ -232,10 +232,10 @@ def test_the_admin_shows_a_parked_message_and_requeues_it(consumer, client, admi
             raise ValueError("cannot take it")
         SideEffect.objects.create(handler="picky", event_id=context.event_id)
 
-    assert receive(message(5), QUEUE, mine()).parked == 1
+    assert receive(message(5), QUEUE, mine()).dead == 1
     row = InboxMessage.objects.get()
     client.force_login(admin_user)
-    listing = client.get("/admin/outbox_app/inboxmessage/?state__exact=PARKED")
+    listing = client.get("/admin/outbox_app/inboxmessage/?state__exact=DEAD")
     assert listing.status_code == 200
     assert listing.context["cl"].result_count == 1
     assert "cannot take it" in listing.content.decode()
@@ -268,11 +268,11 @@ def test_outbox_status_and_prometheus_count_the_inbox(recorded):
     out = io.StringIO()
     call_command("outbox_status", "--json", stdout=out)
     assert json.loads(out.getvalue())["inbox"] == [
-        {"consumer": "record", "states": {"HANDLED": 1, "FAILED": 1, "PARKED": 0}}
+        {"consumer": "record", "states": {"HANDLED": 1, "FAILED": 1, "DEAD": 0}}
     ]
     out = io.StringIO()
     call_command("outbox_status", stdout=out)
-    assert "inbox record: 1 handled, 1 failed, 0 parked" in out.getvalue()
+    assert "inbox record: 1 handled, 1 failed, 0 dead" in out.getvalue()
     text = exposition()[0].decode()
     assert 'outbox_inbox_messages{consumer="record",state="failed"} 1.0' in text
 
@@ -340,8 +340,8 @@ def test_an_undecodable_message_in_a_batch_is_parked_and_the_others_handled(
     tally = receive_batch(
         batch_of(message(1), b"{not json", message(2)), {QUEUE: mine()}
     )
-    assert (tally.handled, tally.parked) == (2, 1)
-    assert InboxMessage.objects.get(state=InboxState.PARKED).last_error_type == (
+    assert (tally.handled, tally.dead) == (2, 1)
+    assert InboxMessage.objects.get(state=InboxState.DEAD).last_error_type == (
         "outbox_app.exceptions.UndecodableMessage"
     )
 

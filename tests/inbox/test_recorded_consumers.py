@@ -112,7 +112,7 @@ def test_a_retired_consumer_is_no_longer_kept_for(old_code):
     )
     assert "Retired 2 consumer subscriptions of billing; 1 waiting" in out.getvalue()
     [row] = kept_for("billing")
-    assert row.state == InboxState.PARKED  # requeueable from the admin
+    assert row.state == InboxState.DEAD  # requeueable from the admin
     tally = receive(message(2, event_type="ParcelSent"), QUEUE, mine())
     assert (tally.ignored, tally.deferred) == (1, 0)
     call_command("outbox_subscribers", "--reactivate", "billing", stdout=out)

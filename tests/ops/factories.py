@@ -50,7 +50,7 @@ def delivery(
         "created_at": now,
         "updated_at": now,
     }
-    if state in (State.FAILED, State.EXPIRED):
+    if state in (State.FAILED, State.DEAD):
         values.update(
             attempts=3,
             last_error="broker down",
@@ -60,7 +60,7 @@ def delivery(
         )
     if state == State.FAILED:
         values["next_retry_at"] = now + datetime.timedelta(hours=1)
-    if state in (State.SUCCEEDED, State.EXPIRED):
+    if state in (State.SUCCEEDED, State.DEAD):
         values["completed_at"] = now
         values.setdefault("attempts", 1)
     if state == State.RUNNING:

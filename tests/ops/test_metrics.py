@@ -32,7 +32,7 @@ def outbox():
     first, second, third = events(3)
     delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
     delivery(second, "ops.record", State.FAILED)
-    delivery(third, "ops.record", State.EXPIRED)
+    delivery(third, "ops.record", State.DEAD)
     delivery(first, "gone.handler", State.SUCCEEDED)
 
 
@@ -70,7 +70,7 @@ def test_view_serves_the_same_text(client, outbox):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=")
     found = samples(response.content.decode())
-    key = ("outbox_deliveries", (("state", "expired"), ("subscriber", "ops.record")))
+    key = ("outbox_deliveries", (("state", "dead"), ("subscriber", "ops.record")))
     assert found[key] == 1
 
 

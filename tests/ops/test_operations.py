@@ -1,4 +1,4 @@
-"""outbox_app.ops.operations: requeue, retry, expire, replay, in batches."""
+"""outbox_app.ops.operations: requeue, retry, dead-letter, replay, in batches."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
     event = events(1)[0]
-    expired = delivery(event, "a", State.EXPIRED)
+    expired = delivery(event, "a", State.DEAD)
     failed = delivery(event, "b", State.FAILED)
     done = delivery(event, "c", State.SUCCEEDED)
     before = timezone.now()
@@ -37,12 +37,12 @@ def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
 
 def test_apply__dry_run_counts_and_changes_nothing():
     event = events(1)[0]
-    delivery(event, "a", State.EXPIRED)
+    delivery(event, "a", State.DEAD)
     delivery(event, "b", State.PENDING)
     rows = Delivery.objects.all()
     assert operations.apply(rows, "requeue", dry_run=True) == 1
-    assert operations.apply(rows, "expire", dry_run=True) == 1
-    assert Delivery.objects.filter(state=State.EXPIRED).count() == 1
+    assert operations.apply(rows, "dead_letter", dry_run=True) == 1
+    assert Delivery.objects.filter(state=State.DEAD).count() == 1
 
 
 def test_apply__unknown_transition_is_refused():
@@ -52,27 +52,25 @@ def test_apply__unknown_transition_is_refused():
 
 def test_requeue_deliveries__only_the_given_events():
     first, second = events(2)
-    a = delivery(first, "a", State.EXPIRED)
-    b = delivery(second, "a", State.EXPIRED)
+    a = delivery(first, "a", State.DEAD)
+    b = delivery(second, "a", State.DEAD)
     count = operations.requeue_deliveries(OutboxEvent.objects.filter(pk=first.pk))
     assert count == 1
     a.refresh_from_db()
     b.refresh_from_db()
-    assert (a.state, b.state) == (State.PENDING, State.EXPIRED)
+    assert (a.state, b.state) == (State.PENDING, State.DEAD)
 
 
 def test_deliveries_matching__filters_and_aliases():
     event_a, event_b, event_c = events(3)
     old = timezone.now() - datetime.timedelta(days=3)
-    match = delivery(event_a, "old.name", State.EXPIRED)
-    delivery(
-        event_b, "ops.record", State.EXPIRED, last_error_type="builtins.ValueError"
-    )
+    match = delivery(event_a, "old.name", State.DEAD)
+    delivery(event_b, "ops.record", State.DEAD, last_error_type="builtins.ValueError")
     delivery(event_c, "ops.record", State.FAILED, updated_at=old)
     with subscribed("OrderPlaced", aliases=["old.name"]):
         rows = operations.deliveries_matching(
             subscriber="ops.record",
-            states=[State.EXPIRED],
+            states=[State.DEAD],
             error_type="builtins.ConnectionError",
             since=timezone.now() - datetime.timedelta(days=1),
         )
@@ -116,7 +114,7 @@ def test_replay_to__creates_resets_and_skips():
 
 def test_replay_to__an_alias_resets_the_row_stored_under_the_old_name():
     event = events(1)[0]
-    old = delivery(event, "old.name", State.EXPIRED)
+    old = delivery(event, "old.name", State.DEAD)
     with subscribed("OrderPlaced", aliases=["old.name"]):
         result = operations.replay_to(OutboxEvent.objects.all(), "ops.record")
     assert (result.created, result.reset) == (0, 1)

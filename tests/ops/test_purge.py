@@ -40,7 +40,7 @@ def world():
     delivery(rows["finished"], "b", State.SUCCEEDED, age=OLD)
     # Old event with one old success and one unfinished delivery of each kind:
     # the event and the unfinished rows stay, the old success goes.
-    for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
+    for state in (State.PENDING, State.RUNNING, State.FAILED, State.DEAD):
         event = events(1)[0]
         rows[state] = event
         delivery(event, "a", State.SUCCEEDED, age=OLD)
@@ -82,7 +82,7 @@ def test_purge__deletes_only_finished_rows_older_than_the_retention(world):
     gone = {world["finished"].pk, world["old_sentinel"].pk}
     assert remaining_events() == {row.pk for row in world.values()} - gone
     # Every unfinished delivery is still there, whatever its age.
-    for state in (State.PENDING, State.RUNNING, State.FAILED, State.EXPIRED):
+    for state in (State.PENDING, State.RUNNING, State.FAILED, State.DEAD):
         assert Delivery.objects.filter(event=world[state], state=state).exists()
         assert not Delivery.objects.filter(
             event=world[state], state=State.SUCCEEDED

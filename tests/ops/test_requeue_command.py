@@ -22,13 +22,13 @@ def rows():
     first, second, third, fourth = events(4)
     long_ago = timezone.now() - datetime.timedelta(days=10)
     return {
-        "expired": delivery(first, "ops.record", State.EXPIRED),
+        "expired": delivery(first, "ops.record", State.DEAD),
         "failed": delivery(second, "ops.record", State.FAILED),
         "value_error": delivery(
-            third, "ops.record", State.EXPIRED, last_error_type="builtins.ValueError"
+            third, "ops.record", State.DEAD, last_error_type="builtins.ValueError"
         ),
-        "old": delivery(fourth, "ops.record", State.EXPIRED, updated_at=long_ago),
-        "other": delivery(first, "other", State.EXPIRED),
+        "old": delivery(fourth, "ops.record", State.DEAD, updated_at=long_ago),
+        "other": delivery(first, "other", State.DEAD),
     }
 
 
@@ -45,13 +45,13 @@ def states(rows) -> dict[str, str]:
 
 def test_requeue__every_failed_and_expired_row_of_the_subscriber(rows):
     out = requeue("--subscriber", "ops.record")
-    assert "Requeued 4 FAILED/EXPIRED deliveries of ops.record." in out
+    assert "Requeued 4 FAILED/DEAD deliveries of ops.record." in out
     assert states(rows) == {
         "expired": State.PENDING,
         "failed": State.PENDING,
         "value_error": State.PENDING,
         "old": State.PENDING,
-        "other": State.EXPIRED,
+        "other": State.DEAD,
     }
     requeued = Delivery.objects.get(pk=rows["expired"].pk)
     assert requeued.attempts == 0
@@ -64,13 +64,13 @@ def test_requeue__filters_combine(rows):
         "--subscriber",
         "ops.record",
         "--state",
-        "EXPIRED",
+        "DEAD",
         "--error-type",
         "builtins.ConnectionError",
         "--since",
         yesterday,
     )
-    assert "Requeued 1 EXPIRED delivery of ops.record." in out
+    assert "Requeued 1 DEAD delivery of ops.record." in out
     assert states(rows)["expired"] == State.PENDING
     assert sum(s == State.PENDING for s in states(rows).values()) == 1
 

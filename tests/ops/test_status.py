@@ -25,7 +25,7 @@ def test_overview__counts_lag_expired_per_subscriber():
     first, second, third = events(3)
     delivery(first, "ops.record", State.PENDING, age=datetime.timedelta(minutes=5))
     delivery(second, "ops.record", State.FAILED, age=datetime.timedelta(minutes=2))
-    delivery(third, "ops.record", State.EXPIRED)
+    delivery(third, "ops.record", State.DEAD)
     delivery(first, "gone.handler", State.PENDING, age=datetime.timedelta(hours=5))
     with subscribed("OrderPlaced"):
         data = status.overview()
@@ -39,11 +39,11 @@ def test_overview__counts_lag_expired_per_subscriber():
         "RUNNING": 0,
         "SUCCEEDED": 0,
         "FAILED": 1,
-        "EXPIRED": 1,
+        "DEAD": 1,
         "SKIPPED": 0,
     }
     assert row["total"] == 3
-    assert row["expired"] == 1
+    assert row["dead"] == 1
     assert 299 <= row["oldest_pending_seconds"] <= 330
     assert row["blocked_aggregates"] is None  # not ordered
 
@@ -53,7 +53,7 @@ def test_overview__counts_lag_expired_per_subscriber():
     assert orphan["kind"] is None
     assert 299 <= data["lag_seconds"] <= 330
 
-    assert data["expired"] == 1
+    assert data["dead"] == 1
     assert data["states"]["PENDING"] == 2
     json.dumps(data)  # plain JSON types only
 
@@ -61,10 +61,10 @@ def test_overview__counts_lag_expired_per_subscriber():
 def test_overview__blocked_aggregates_of_ordered_subscribers():
     a1, a2 = events(2, aggregate=("shop.Order", 1))
     (b1,) = events(1, aggregate=("shop.Order", 2))
-    delivery(a1, "ops.ordered", State.EXPIRED)
+    delivery(a1, "ops.ordered", State.DEAD)
     delivery(a2, "ops.ordered", State.PENDING)
-    delivery(b1, "ops.ordered", State.EXPIRED)
-    delivery(b1, "ops.record", State.EXPIRED)
+    delivery(b1, "ops.ordered", State.DEAD)
+    delivery(b1, "ops.record", State.DEAD)
     with (
         subscribed("OrderPlaced", name="ops.ordered", ordered=True),
         subscribed("OrderPlaced"),
@@ -103,7 +103,7 @@ def test_deliveries_per_minute__buckets_by_utc_minute():
         ("e", NOW - 24 * 60 * minute),  # more than 24 h ago: left out
     ]:
         delivery(event, subscriber, State.SUCCEEDED, completed_at=completed)
-    delivery(event, "f", State.EXPIRED, completed_at=NOW)  # not a delivery
+    delivery(event, "f", State.DEAD, completed_at=NOW)  # not a delivery
 
     data = status.deliveries_per_minute(now=NOW)
 
@@ -119,11 +119,11 @@ def test_deliveries_per_minute__buckets_by_utc_minute():
 
 
 def test_problems__thresholds():
-    data = {"lag_seconds": 120.0, "expired": 3}
+    data = {"lag_seconds": 120.0, "dead": 3}
     assert status.problems(data) == []
-    assert status.problems(data, max_lag=120, max_expired=3) == []
-    assert len(status.problems(data, max_lag=60, max_expired=2)) == 2
-    assert status.problems({"lag_seconds": None, "expired": 0}, max_lag=0) == []
+    assert status.problems(data, max_lag=120, max_dead=3) == []
+    assert len(status.problems(data, max_lag=60, max_dead=2)) == 2
+    assert status.problems({"lag_seconds": None, "dead": 0}, max_lag=0) == []
 
 
 # --- the command ----------------------------------------------------------------------
@@ -146,12 +146,12 @@ def test_command__table_and_exit_zero_when_healthy():
     assert code == 0
     assert "ops.record" in out
     assert "handler" in out
-    assert "expired:             0" in out
+    assert "dead:                0" in out
 
 
 def test_command__json_shape():
     event = events(1)[0]
-    delivery(event, "ops.record", State.EXPIRED)
+    delivery(event, "ops.record", State.DEAD)
     with subscribed("OrderPlaced"):
         out, code = run("--json")
     assert code == 0
@@ -162,7 +162,7 @@ def test_command__json_shape():
         "unserved",
         "lag_seconds",
         "states",
-        "expired",
+        "dead",
         "scheduled",
         "next_scheduled",
         "blocked_aggregates",
@@ -183,7 +183,7 @@ def test_command__json_shape():
         "stored_names",
         "states",
         "total",
-        "expired",
+        "dead",
         "oldest_pending_seconds",
         "blocked_aggregates",
         "scheduled",
@@ -201,27 +201,25 @@ def test_command__json_shape():
 
 def test_command__max_expired_crossed_exits_2():
     event = events(1)[0]
-    delivery(event, "ops.record", State.EXPIRED)
-    delivery(event, "other", State.EXPIRED)
-    assert run("--max-expired", "2")[1] == 0
-    out, code = run("--max-expired", "1", "--json")
+    delivery(event, "ops.record", State.DEAD)
+    delivery(event, "other", State.DEAD)
+    assert run("--max-dead", "2")[1] == 0
+    out, code = run("--max-dead", "1", "--json")
     assert code == 2
-    assert json.loads(out)["problems"] == [
-        "2 expired deliveries, more than --max-expired 1"
-    ]
+    assert json.loads(out)["problems"] == ["2 dead deliveries, more than --max-dead 1"]
 
 
 def test_command__max_parked_counts_the_inbox_dead_letter():
     from outbox_app.models import InboxMessage
     from outbox_app.store.lifecycle import InboxState
 
-    for n, state in enumerate([InboxState.PARKED, InboxState.PARKED, "HANDLED"]):
+    for n, state in enumerate([InboxState.DEAD, InboxState.DEAD, "HANDLED"]):
         InboxMessage.objects.create(consumer="billing", message_id=str(n), state=state)
-    assert run("--max-parked", "2")[1] == 0
-    out, code = run("--max-parked", "1", "--json")
+    assert run("--max-dead-inbox", "2")[1] == 0
+    out, code = run("--max-dead-inbox", "1", "--json")
     assert code == 2
     assert json.loads(out)["problems"] == [
-        "2 parked inbox messages, more than --max-parked 1"
+        "2 dead inbox messages, more than --max-dead-inbox 1"
     ]
 
 
@@ -238,13 +236,11 @@ def test_command__max_lag_crossed_exits_2():
 def test_command__process_exit_status(capsys):
     """What cron and a Kubernetes probe see: the process's exit status."""
     event = events(1)[0]
-    delivery(event, "ops.record", State.EXPIRED)
+    delivery(event, "ops.record", State.DEAD)
     with pytest.raises(SystemExit) as exited:
-        ManagementUtility(
-            ["manage.py", "outbox_status", "--max-expired", "0"]
-        ).execute()
+        ManagementUtility(["manage.py", "outbox_status", "--max-dead", "0"]).execute()
     assert exited.value.code == 2
-    assert "more than --max-expired 0" in capsys.readouterr().err
+    assert "more than --max-dead 0" in capsys.readouterr().err
 
 
 def test_command__negative_threshold_is_a_usage_error(capsys):

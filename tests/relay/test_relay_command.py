@@ -41,7 +41,7 @@ def test_once__drains_and_prints_a_summary(handlers):
     text = out.getvalue()
     assert "[##############################] 60 outcomes (100% of due)" in text
     assert re.search(
-        r"delivered 60, failed 0, expired 0, fanned out 30, .* deliveries/s", text
+        r"delivered 60, failed 0, dead 0, fanned out 30, .* deliveries/s", text
     )
     assert SideEffect.objects.count() == 60
     assert set(Delivery.objects.values_list("state", flat=True)) == {State.SUCCEEDED}

@@ -142,7 +142,7 @@ def test_business_rule_failure_expires_as_expected(shop_env, simulation):
     dead_letters = json.loads(states.splitlines()[-1])
     assert dead_letters, "no dead letter to requeue"
     for state, attempts, error_type in dead_letters:
-        assert (state, attempts) == ("EXPIRED", 1)
+        assert (state, attempts) == ("DEAD", 1)
         assert error_type.endswith("PaymentFlagged")
 
 

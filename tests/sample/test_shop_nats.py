@@ -157,7 +157,7 @@ def test_sigkill_between_pub_ack_and_mark__the_stream_still_holds_each_event_onc
 
     time.sleep(max(LEASE + 0.5 - (time.monotonic() - killed_at), 0))
     relay = _manage(shop, "relay", "--once")
-    assert "expired 0" in relay.stdout, relay.stdout + relay.stderr
+    assert "dead 0" in relay.stdout, relay.stdout + relay.stderr
     state = outbox(shop)
     assert {s for s, _ in state["nats"]} == {"SUCCEEDED"}
     stored = stored_ids(stream)

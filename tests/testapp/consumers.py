@@ -9,7 +9,7 @@ versions of the code:
   ``OUTBOX_TEST_CONSUMER_HANG`` (a file path) it creates that file after its
   write and sleeps, uncommitted, until the test kills the process (or for
   ``OUTBOX_TEST_CONSUMER_HANG_SECONDS``); an order id in
-  ``OUTBOX_TEST_CONSUMER_POISON`` always fails (two attempts, then PARKED),
+  ``OUTBOX_TEST_CONSUMER_POISON`` always fails (two attempts, then DEAD),
   one in ``OUTBOX_TEST_CONSUMER_GARBLED`` always fails with a lone surrogate
   and a NUL character in its error. Each message also registers an
   ``on_commit`` callback recording a ``tests.inbox.after`` SideEffect; for an

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         "the consumer's writes and the inbox row of the message id, and the "
         "message is acknowledged after the commit, so a redelivered message "
         "has no second effect. A consumer that raises is retried from the "
-        "database with backoff, then parked (the admin requeues it). Runs until "
+        "database with backoff, then dead-lettered (the admin requeues it). Runs until "
         "SIGTERM/SIGINT (finishing the message in hand, exit 0), or "
         "--idle-exit / --max-seconds."
     )

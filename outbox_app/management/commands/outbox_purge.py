@@ -44,7 +44,7 @@ class Command(BaseCommand):
     help = (
         "Delete finished outbox rows older than the retention: SUCCEEDED "
         "deliveries, events whose every delivery succeeded, and sentinel rows. "
-        "Never deletes PENDING, RUNNING, FAILED or EXPIRED deliveries, events "
+        "Never deletes PENDING, RUNNING, FAILED or DEAD deliveries, events "
         "that still have one, nor events not fanned out yet. Deletes in batches "
         "(one short transaction each); safe to interrupt and rerun."
     )

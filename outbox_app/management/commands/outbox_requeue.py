@@ -33,7 +33,7 @@ _moment.__name__ = "date"
 
 class Command(BaseCommand):
     help = (
-        "Requeue a subscriber's failed and/or expired deliveries: they become "
+        "Requeue a subscriber's failed and/or dead deliveries: they become "
         "PENDING and due now, with their attempts reset; the last error is kept "
         "as history until the next attempt. Works in batches, so any number of "
         "rows is fine. The same as the admin's 'Requeue' action."
@@ -50,7 +50,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--state",
             choices=[str(s) for s in REQUEUEABLE],
-            help="Only EXPIRED or only FAILED deliveries (default: both).",
+            help="Only DEAD or only FAILED deliveries (default: both).",
         )
         parser.add_argument(
             "--error-type",

@@ -34,11 +34,11 @@ class Command(BaseCommand):
     help = (
         "Show the outbox: per subscriber, deliveries by state, deliveries "
         "scheduled for later (publish(deliver_at=...)), the lag (how long the "
-        "oldest delivery has waited since it was due), expired deliveries, "
+        "oldest delivery has waited since it was due), dead deliveries, "
         "aggregates an "
-        "expired delivery blocks, events waiting for fan-out, deliveries in the "
+        "dead delivery blocks, events waiting for fan-out, deliveries in the "
         "last 24 hours and the inbox's messages per consumer. With --max-lag / "
-        "--max-expired / --max-parked it is a health check: the "
+        "--max-dead / --max-dead-inbox it is a health check: the "
         f"exit status is {UNHEALTHY} when a threshold is crossed, 1 when the "
         "outbox cannot be read, 0 otherwise."
     )
@@ -69,16 +69,16 @@ class Command(BaseCommand):
             "for fan-out) is older than this many seconds.",
         )
         parser.add_argument(
-            "--max-expired",
+            "--max-dead",
             type=_non_negative(int),
             metavar="N",
-            help="Unhealthy when more than N deliveries are EXPIRED.",
+            help="Unhealthy when more than N deliveries are DEAD.",
         )
         parser.add_argument(
-            "--max-parked",
+            "--max-dead-inbox",
             type=_non_negative(int),
             metavar="N",
-            help="Unhealthy when more than N inbox messages are PARKED (the "
+            help="Unhealthy when more than N inbox messages are DEAD (the "
             "dead letter of manage.py consume).",
         )
         parser.add_argument(
@@ -100,8 +100,8 @@ class Command(BaseCommand):
         problems = status.problems(
             data,
             max_lag=options["max_lag"],
-            max_expired=options["max_expired"],
-            max_parked=options["max_parked"],
+            max_dead=options["max_dead"],
+            max_dead_inbox=options["max_dead_inbox"],
         )
         if options["format"] == "json":
             self.stdout.write(json.dumps({**data, "problems": problems}, indent=2))
@@ -157,7 +157,7 @@ class Command(BaseCommand):
             f"scheduled:           {scheduled} "
             f"(pending, not due yet{'; next at ' + soonest if soonest else ''})"
         )
-        write(f"expired:             {data['expired']}")
+        write(f"dead:                {data['dead']}")
         write(f"blocked aggregates:  {data['blocked_aggregates']}")
         awaiting = data["events_awaiting_fanout"]
         oldest = data["oldest_awaiting_fanout_seconds"]

@@ -34,7 +34,7 @@ class Command(BaseCommand):
         "type, whether a running relay serves it (refreshed within "
         f"{SERVED_SECONDS // 60} minutes) and how many of its deliveries are "
         "unfinished; and the consumers consume processes recorded, with their "
-        "failed and parked inbox messages. Fan-out creates deliveries for "
+        "failed and dead inbox messages. Fan-out creates deliveries for "
         "every active subscription, whichever relay runs it; a consume process "
         "keeps a message for every active consumer of its queue that it lacks. "
         "--record records this code's subscribers and consumers now (a deploy "
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             "--waiting",
             choices=operations.WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
-            "EXPIRED deliveries (they become SKIPPED), or parks a consumer's "
+            "DEAD deliveries (they become SKIPPED), or dead-letters a consumer's "
             "FAILED inbox messages; 'keep' leaves them for a process that has it.",
         )
         parser.add_argument(
@@ -128,10 +128,10 @@ class Command(BaseCommand):
                         f"{skipped} waiting deliveries skipped."
                     )
                 if consumers.exists():
-                    retired, parked = recorded.retire(consumers, **how)
+                    retired, dead = recorded.retire(consumers, **how)
                     self.stdout.write(
                         f"Retired {retired} consumer subscriptions of {name}; "
-                        f"{parked} waiting inbox messages parked."
+                        f"{dead} waiting inbox messages dead-lettered."
                     )
             except OutboxError as exc:
                 raise CommandError(str(exc)) from exc

@@ -126,11 +126,11 @@ class Command(BaseCommand):
             self._summary(report, time.monotonic() - started)
 
     def _summary(self, report: RelayReport, elapsed: float) -> None:
-        done = report.succeeded + report.failed + report.expired
+        done = report.succeeded + report.failed + report.dead
         rate = done / elapsed if elapsed > 0 else 0.0
         self.stdout.write(
             f"delivered {report.succeeded}, failed {report.failed}, "
-            f"expired {report.expired}, "
+            f"dead {report.dead}, "
             + (f"lapsed {report.lapsed}, " if report.lapsed else "")
             + f"fanned out {report.fanned_out}, "
             f"lost leases {report.lost}, released {report.released}; "
@@ -152,7 +152,7 @@ class _Progress:
         self.done = 0
 
     def __call__(self, report: RelayReport) -> None:
-        self.done += report.succeeded + report.failed + report.expired + report.lapsed
+        self.done += report.succeeded + report.failed + report.dead + report.lapsed
         share = min(1.0, self.done / self.total)
         filled = int(share * self.WIDTH)
         bar = "#" * filled + "." * (self.WIDTH - filled)

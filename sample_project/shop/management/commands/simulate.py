@@ -332,11 +332,11 @@ class _Reconciliation:
                     .values_list("state", "n")
                 )
             )
-            dead = rows.filter(state=State.EXPIRED)
+            dead = rows.filter(state=State.DEAD)
             dead_expected = dead.filter(
                 last_error_type__endswith=PaymentFlagged.__name__
             ).count()
-            dead_unexpected = states[State.EXPIRED] - dead_expected
+            dead_unexpected = states[State.DEAD] - dead_expected
             unfinished = sum(states[s] for s in UNFINISHED)
             lags = [
                 (done - created).total_seconds()
