@@ -19,27 +19,19 @@ from django.db.models import Q, QuerySet
 from ..exceptions import SubscriptionInUse
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import (
-    ABANDONABLE,
-    DEAD_LETTERABLE,
-    REQUEUEABLE,
-    RETRYABLE,
-    SKIPPABLE,
-    State,
-)
+from ..store.lifecycle import ABANDONABLE, REQUEUEABLE, State, transition
 from ..store.models import Delivery, OutboxEvent
 from ..subscribers import WILDCARD
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
 
-#: The rows each operator's transition changes (the rest are left alone), as in
-#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``dead_letter()``.
+#: The rows each operator's transition changes (the rest are left alone): its
+#: sources in :data:`~outbox_app.store.lifecycle.DELIVERY`, as in
+#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``dead_letter()`` / ``skip()``.
 TRANSITION_STATES: dict[str, tuple[State, ...]] = {
-    "requeue": REQUEUEABLE,
-    "retry_now": RETRYABLE,
-    "dead_letter": DEAD_LETTERABLE,
-    "skip": SKIPPABLE,
+    name: transition(name).sources
+    for name in ("requeue", "retry_now", "dead_letter", "skip")
 }
 
 

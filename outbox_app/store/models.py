@@ -1,13 +1,9 @@
 """The outbox table and the deliveries table.
 
 ``OutboxEvent`` is one published event with its envelope. ``Delivery`` is one
-delivery of one event to one subscriber, and carries the delivery state
-machine::
-
-    PENDING --claim--> RUNNING --> SUCCEEDED
-                          |------> FAILED (due again at next_retry_at) --claim--> ...
-                          '------> DEAD (the dead letter) --requeue--> PENDING
-    FAILED / DEAD --skip (an operator gives up on it)--> SKIPPED
+delivery of one event to one subscriber and carries its state; the states and
+every transition between them are the table in
+:mod:`outbox_app.store.lifecycle`.
 """
 
 from __future__ import annotations

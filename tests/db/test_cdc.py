@@ -240,7 +240,7 @@ def test_each_published_event_is_one_insert_with_every_column(wal):
     assert [row for row in inserted.values() if row["event_type"] is None] == [sentinel]
 
 
-def test_fan_out_delivery_requeue_and_replay_only_flip_delivered(wal, handlers):
+def test_fan_out_delivery_requeue_and_replay_only_flip_fanned_out(wal, handlers):
     rows = publish_world()
     inserted = {change.id: change.row for change in wal.changes()}
     handlers("record")
