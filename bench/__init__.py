@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 
@@ -42,20 +40,6 @@ def publish_orders(count: int, aggregate_type: str, **schedule: Any) -> None:
                 aggregate=(aggregate_type, start),
                 **schedule,
             )
-
-
-@contextlib.contextmanager
-def without_claim_ahead() -> Iterator[None]:
-    """The relay as it was before claiming the next batch ahead: one batch at a
-    time on one connection (to show what the overlap buys)."""
-    from outbox_app.relay.batch import ClaimAhead
-
-    submit = ClaimAhead.submit
-    ClaimAhead.submit = lambda self, subscriber, claim: None
-    try:
-        yield
-    finally:
-        ClaimAhead.submit = submit
 
 
 def context_for(event: Any, notification: Any = None, subscriber: str = "") -> Any:

@@ -16,7 +16,7 @@ Per round, on the same database, interleaved:
   (``outbox_app.relay.handlers.GROUP_SECONDS``), each in a savepoint, one
   UPDATE marks the group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
-  connection (``bench.without_claim_ahead``);
+  connection (``deliver(claim_ahead=False)``);
 * **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
   so every handler gets its own transaction and mark, as outbox_app did before
   group commits;
@@ -47,13 +47,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import (  # noqa: E402
-    clear,
-    lock_skipping_locked,
-    summarize,
-    vacuum,
-    without_claim_ahead,
-)
+from bench import clear, lock_skipping_locked, summarize, vacuum  # noqa: E402
 from outbox_app import Notification, publish  # noqa: E402
 from outbox_app.events.codec import decode  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
@@ -98,7 +92,9 @@ def prepare(events: int) -> None:
     vacuum()
 
 
-def outbox(events: int, batch_size: int) -> tuple[float, float]:
+def outbox(
+    events: int, batch_size: int, claim_ahead: bool = True
+) -> tuple[float, float]:
     """(deliveries/s including fan-out, seconds spent fanning out)."""
     global seen
     prepare(events)
@@ -106,7 +102,7 @@ def outbox(events: int, batch_size: int) -> tuple[float, float]:
     started = time.perf_counter()
     fanned = fan_out(subscribers=[HANDLER], batch_size=batch_size)
     fanned_at = time.perf_counter()
-    report = deliver([HANDLER], batch_size=batch_size)
+    report = deliver([HANDLER], batch_size=batch_size, claim_ahead=claim_ahead)
     elapsed = time.perf_counter() - started
     assert fanned == events and report.succeeded == events == seen, report
     return events / elapsed, fanned_at - started
@@ -172,8 +168,9 @@ def main() -> None:
         rates["one commit per notification"].append(
             one_commit_per_notification(args.baseline_events, args.batch_size)
         )
-        with without_claim_ahead():
-            rates["without claim-ahead"].append(outbox(args.events, args.batch_size)[0])
+        rates["without claim-ahead"].append(
+            outbox(args.events, args.batch_size, claim_ahead=False)[0]
+        )
         rate, fan_seconds = outbox(args.events, args.batch_size)
         rates["outbox_app"].append(rate)
         fanning.append(fan_seconds)

@@ -875,3 +875,16 @@ def test_a_batch_claimed_ahead_is_handed_back_when_time_is_up(registered, vendor
     assert (report.claimed, report.succeeded, report.released) == (5 + ahead, 5, ahead)
     states = Notification.objects.values_list("state", "attempts")
     assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5
+
+
+def test_without_claim_ahead_a_backlog_is_claimed_batch_after_batch(registered):
+    @registered("OrderPlaced", name="slow")
+    def slow(event, context):
+        time.sleep(0.05)
+
+    place(10)
+    fan_out()
+    report = deliver([get("slow")], batch_size=5, max_seconds=0.2, claim_ahead=False)
+    assert (report.claimed, report.succeeded, report.released) == (5, 5, 0)
+    states = Notification.objects.values_list("state", "attempts")
+    assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5
