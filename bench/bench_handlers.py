@@ -13,13 +13,13 @@ Per round, on the same database, interleaved:
 * **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
   ``--events`` committed events, batches of ``--batch-size``: what one
   ``manage.py relay`` process does. Handlers share one transaction per group
-  (``outbox_app.relay.handlers.GROUP_SECONDS``), each in a savepoint, one
-  UPDATE marks the group.
+  (``OUTBOX_HANDLER_GROUP_SECONDS``), each in a savepoint, one UPDATE marks the
+  group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
   connection (``deliver(claim_ahead=False)``);
-* **one commit per notification**: the same relay with ``GROUP_SECONDS = 0``,
-  so every handler gets its own transaction and mark, as outbox_app did before
-  group commits;
+* **one commit per notification**: the same relay with
+  ``OUTBOX_HANDLER_GROUP_SECONDS = 0``, so every handler gets its own
+  transaction and mark, as outbox_app did before group commits;
 * **one row per transaction**: the usual outbox loop, per row a transaction
   that locks one due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported),
   runs the handler and marks the row.
@@ -45,13 +45,13 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import clear, lock_skipping_locked, summarize, vacuum  # noqa: E402
 from outbox_app import Notification, publish  # noqa: E402
 from outbox_app.events.codec import decode  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
-from outbox_app.relay import handlers as delivery_handlers  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
 from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
@@ -109,11 +109,8 @@ def outbox(
 
 
 def one_commit_per_notification(events: int, batch_size: int) -> float:
-    group, delivery_handlers.GROUP_SECONDS = delivery_handlers.GROUP_SECONDS, 0
-    try:
+    with override_settings(OUTBOX_HANDLER_GROUP_SECONDS=0):
         return outbox(events, batch_size)[0]
-    finally:
-        delivery_handlers.GROUP_SECONDS = group
 
 
 def one_row_per_transaction(events: int) -> float:

@@ -47,6 +47,12 @@ DEFAULTS: dict[str, Setting] = {
         60.0,
         "How long a claimed notification stays leased to one worker, in seconds.",
     ),
+    "HANDLER_GROUP_SECONDS": Setting(
+        0.1,
+        "Longest a group of in-process handlers shares one transaction and one "
+        "mark, in seconds (a tenth of LEASE_SECONDS, if less); 0: each handler "
+        "alone (chosen by measurement: docs/settings.md).",
+    ),
     "BATCH_SIZE": Setting(
         500,
         "Rows claimed per batch by fan-out and delivery (chosen by measurement: "
@@ -127,6 +133,12 @@ def positive_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
 
 
+def non_negative_number(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0
+    )
+
+
 def valid_namespace(value: Any) -> bool:
     return isinstance(value, str) and len(value.strip()) > 0 and len(value) <= 255
 
@@ -151,6 +163,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RETRY_BASE_SECONDS": ("outbox.E004", *SECONDS),
     "RETRY_MAX_SECONDS": ("outbox.E005", *SECONDS),
     "LEASE_SECONDS": ("outbox.E006", *SECONDS),
+    "HANDLER_GROUP_SECONDS": (
+        "outbox.E025",
+        non_negative_number,
+        "a non-negative number of seconds",
+    ),
     "BATCH_SIZE": ("outbox.E007", positive_int, "a positive integer (rows)"),
     "BATCH_BYTES": ("outbox.E024", positive_int, "a positive integer (bytes)"),
     "POLL_INTERVAL": ("outbox.E008", *SECONDS),

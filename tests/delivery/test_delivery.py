@@ -441,6 +441,28 @@ def test_handlers_that_never_query_share_one_commit_the_others_get_one_each(
     assert marks == (1, 4)
 
 
+def test_with_no_group_seconds_each_handler_is_marked_alone(registered, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.OUTBOX_HANDLER_GROUP_SECONDS = 0
+
+    @registered(OrderPlaced, name="pure")
+    def pure(event, context):
+        pass
+
+    place(4)
+    fan_out()
+    with CaptureQueriesContext(connection) as run:
+        assert deliver([get("pure")]).succeeded == 4
+    marks = [
+        q
+        for q in run.captured_queries
+        if q["sql"].startswith("UPDATE") and "SUCCEEDED" in q["sql"]
+    ]
+    assert len(marks) == 4
+
+
 def test_a_handler_that_swallows_a_database_error_fails(registered):
     from django.db import IntegrityError
 
