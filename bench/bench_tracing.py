@@ -1,5 +1,5 @@
-"""Issue 15: what OpenTelemetry support costs ``publish()``: nothing without
-the package, little with it.
+"""What OpenTelemetry support costs ``publish()``: nothing without the
+package, little with it.
 
 Command (a migrated ``outbox_bench`` database)::
 

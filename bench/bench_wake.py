@@ -1,5 +1,5 @@
-"""Issue 15, defect 3: what ``OUTBOX_CELERY_WAKE`` adds to a commit, with the
-Celery broker up, refusing connections, and stalled.
+"""What ``OUTBOX_CELERY_WAKE`` adds to a commit, with the Celery broker up,
+refusing connections, and stalled.
 
 Command (a migrated ``outbox_bench`` database; RabbitMQ on 127.0.0.1:5672)::
 

@@ -1,8 +1,8 @@
 """The outbox table and the notifications table.
 
-``OutboxEvent`` is one published event with its envelope (Ekbatan's
-``eventlog.events``, seed 000). ``Notification`` is one delivery of one event to
-one subscriber, and carries the delivery state machine::
+``OutboxEvent`` is one published event with its envelope. ``Notification`` is
+one delivery of one event to one subscriber, and carries the delivery state
+machine::
 
     PENDING --claim--> RUNNING --> SUCCEEDED
                           |------> FAILED (due again at next_retry_at) --claim--> ...
