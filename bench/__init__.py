@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
+import cProfile
+import inspect
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,20 +44,6 @@ def publish_orders(count: int, aggregate_type: str, **schedule: Any) -> None:
             )
 
 
-@contextlib.contextmanager
-def without_claim_ahead() -> Iterator[None]:
-    """The relay as it was before claiming the next batch ahead: one batch at a
-    time on one connection (to show what the overlap buys)."""
-    from outbox_app.relay.batch import ClaimAhead
-
-    submit = ClaimAhead.submit
-    ClaimAhead.submit = lambda self, subscriber, claim: None
-    try:
-        yield
-    finally:
-        ClaimAhead.submit = submit
-
-
 def context_for(event: Any, delivery: Any = None, subscriber: str = "") -> Any:
     """The ``DeliveryContext`` the relay builds for an ``OutboxEvent`` row and
     its ``Delivery`` row (without one: a first attempt for ``subscriber``):
@@ -90,53 +76,71 @@ def percentile(sorted_values: list[float], p: float) -> float:
 
 
 class Stopwatch:
-    """Wall time and calls per label of the functions :meth:`wrap` replaced: a
-    profile of stages that does not slow the Python ones more than the waits,
-    as a profiler would. Time spent in another thread than the main one (the
-    relay's claim-ahead) is labelled apart; nested stages are counted in both."""
+    """Wall time and calls per label of the functions :meth:`watch` chose, read
+    from Python's own profiler (``cProfile``, wall clock) running in this
+    thread and in every thread started while :meth:`running` is open: nothing
+    is replaced. Time spent in another thread than the main one (the relay's
+    claim-ahead, its SUCCEEDED marks) is labelled apart; nested stages are
+    counted in both. The profiler slows Python code (2-3x on the relay's
+    encoding), not the waits on the database or a broker."""
 
     def __init__(self) -> None:
+        self.labels: dict[tuple[str, int, str], str] = {}
         self.seconds: collections.defaultdict[str, float] = collections.defaultdict(
             float
         )
         self.calls: collections.Counter[str] = collections.Counter()
-        self.labels: list[str] = []
+        self._profiles: list[tuple[str, cProfile.Profile]] = []
 
-    def wrap(self, owner: object, name: str, label: str) -> None:
-        """Replace ``owner.name`` (a function, method or classmethod looked up
-        on its class or module) by a wrapper that adds its time to ``label``."""
-        inner = getattr(owner, name)
-        self.labels.append(label)
+    def watch(self, function: Any, label: str) -> None:
+        """Time ``function`` (a function, method or classmethod, decorated or
+        not) under ``label``."""
+        code = inspect.unwrap(getattr(function, "__func__", function)).__code__
+        self.labels[(code.co_filename, code.co_firstlineno, code.co_name)] = label
 
-        @functools.wraps(inner)
-        def wrapper(*args, **kwargs):
-            began = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                key = label
-                if threading.current_thread() is not threading.main_thread():
-                    key += f" ({threading.current_thread().name.split('_')[0]})"
-                self.seconds[key] += time.perf_counter() - began
-                self.calls[key] += 1
+    def _profile(self) -> None:
+        thread = threading.current_thread()
+        name = "" if thread is threading.main_thread() else thread.name
+        profile = cProfile.Profile(builtins=False)
+        self._profiles.append((name.split("_")[0], profile))
+        profile.enable()
 
-        setattr(owner, name, wrapper)
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Profile the block, and the threads it starts, into ``seconds`` and
+        ``calls``."""
+        self._profiles.clear()
+        # A new thread's first profiling event hands the thread to a profile
+        # of its own (cProfile follows one thread).
+        threading.setprofile(lambda *event: self._profile())
+        self._profile()
+        try:
+            yield
+        finally:
+            self._profiles[0][1].disable()
+            threading.setprofile(None)
+            for thread, profile in self._profiles:
+                profile.create_stats()
+                for key, (_, calls, _, seconds, _) in profile.stats.items():
+                    label = self.labels.get(key)
+                    if label is not None:
+                        if thread:
+                            label += f" ({thread})"
+                        self.seconds[label] += seconds
+                        self.calls[label] += calls
 
     def report(self, wall: float, items: int, unit: str = "event") -> None:
         """Print each label's calls, seconds, share of ``wall`` and time per
-        item, in the order the functions were wrapped."""
-        timed = [
-            key
-            for label in self.labels
-            for key in self.seconds
-            if key == label or key.startswith(label + " (")
-        ]
-        for label in dict.fromkeys(timed):
-            seconds = self.seconds[label]
-            print(
-                f"{label:52} {self.calls[label]:6} x {seconds:6.2f} s "
-                f"{seconds / wall:6.1%} {seconds / items * 1e6:6.0f} us/{unit}"
-            )
+        item, in the order the functions were chosen."""
+        for label in self.labels.values():
+            for key in sorted(self.seconds, key=len):
+                if key != label and not key.startswith(label + " ("):
+                    continue
+                seconds = self.seconds[key]
+                print(
+                    f"{key:52} {self.calls[key]:6} x {seconds:6.2f} s "
+                    f"{seconds / wall:6.1%} {seconds / items * 1e6:6.0f} us/{unit}"
+                )
 
 
 def lock_skipping_locked(queryset):

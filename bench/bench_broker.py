@@ -15,7 +15,8 @@ Per round, interleaved:
   fanned-out PENDING deliveries: claim, read, encode, publish, wait for the
   confirms, mark SUCCEEDED, until none is due; the next batch is claimed on a
   second connection while this one is published;
-* **without claim-ahead**: the same, one batch at a time on one connection.
+* **without claim-ahead**: the same, ``deliver(claim_ahead=False)``: one batch
+  at a time on one connection.
 
 Every message is persistent, goes to a durable topic exchange bound to one
 durable queue (purged between runs), and counts only once the broker acked it.
@@ -41,7 +42,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import clear, context_for, rabbit, summarize, vacuum, without_claim_ahead  # noqa: E402
+from bench import clear, context_for, rabbit, summarize, vacuum  # noqa: E402
 from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
@@ -88,10 +89,12 @@ def purge() -> None:
     rabbit.declare(EXCHANGE, QUEUE)
 
 
-def outbox(events: int, publisher: KombuPublisher, batch_size: int) -> float:
+def outbox(
+    events: int, publisher: KombuPublisher, batch_size: int, claim_ahead: bool = True
+) -> float:
     purge()
     started = time.perf_counter()
-    report = deliver([publisher], batch_size=batch_size)
+    report = deliver([publisher], batch_size=batch_size, claim_ahead=claim_ahead)
     elapsed = time.perf_counter() - started
     assert report.succeeded == events, report
     return events / elapsed
@@ -116,10 +119,9 @@ def main() -> None:
     }
     for round_ in range(args.rounds):
         messages = prepare(args.events, publisher)
-        with without_claim_ahead():
-            rates["without claim-ahead"].append(
-                outbox(args.events, publisher, args.batch_size)
-            )
+        rates["without claim-ahead"].append(
+            outbox(args.events, publisher, args.batch_size, claim_ahead=False)
+        )
         undeliver()
         rates["outbox_app"].append(outbox(args.events, publisher, args.batch_size))
         purge()

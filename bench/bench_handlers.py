@@ -13,13 +13,13 @@ Per round, on the same database, interleaved:
 * **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
   ``--events`` committed events, batches of ``--batch-size``: what one
   ``manage.py relay`` process does. Handlers share one transaction per group
-  (``outbox_app.relay.handlers.GROUP_SECONDS``), each in a savepoint, one
-  UPDATE marks the group.
+  (``OUTBOX_HANDLER_GROUP_SECONDS``), each in a savepoint, one UPDATE marks the
+  group.
 * **without claim-ahead**: the same, claiming one batch at a time on one
-  connection (``bench.without_claim_ahead``);
-* **one commit per delivery**: the same relay with ``GROUP_SECONDS = 0``,
-  so every handler gets its own transaction and mark, as outbox_app did before
-  group commits;
+  connection (``deliver(claim_ahead=False)``);
+* **one commit per delivery**: the same relay with
+  ``OUTBOX_HANDLER_GROUP_SECONDS = 0``, so every handler gets its own
+  transaction and mark, as outbox_app did before group commits;
 * **one row per transaction**: the usual outbox loop, per row a transaction
   that locks one due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported),
   runs the handler and marks the row.
@@ -45,19 +45,13 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import (  # noqa: E402
-    clear,
-    lock_skipping_locked,
-    summarize,
-    vacuum,
-    without_claim_ahead,
-)
+from bench import clear, lock_skipping_locked, summarize, vacuum  # noqa: E402
 from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.events.codec import decode  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
-from outbox_app.relay import handlers as delivery_handlers  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
 from outbox_app.subscribers import Handler  # noqa: E402
 from tests.testapp.events import OrderPlaced  # noqa: E402
@@ -98,7 +92,9 @@ def prepare(events: int) -> None:
     vacuum()
 
 
-def outbox(events: int, batch_size: int) -> tuple[float, float]:
+def outbox(
+    events: int, batch_size: int, claim_ahead: bool = True
+) -> tuple[float, float]:
     """(deliveries/s including fan-out, seconds spent fanning out)."""
     global seen
     prepare(events)
@@ -106,18 +102,15 @@ def outbox(events: int, batch_size: int) -> tuple[float, float]:
     started = time.perf_counter()
     fanned = fan_out(subscribers=[HANDLER], batch_size=batch_size)
     fanned_at = time.perf_counter()
-    report = deliver([HANDLER], batch_size=batch_size)
+    report = deliver([HANDLER], batch_size=batch_size, claim_ahead=claim_ahead)
     elapsed = time.perf_counter() - started
     assert fanned == events and report.succeeded == events == seen, report
     return events / elapsed, fanned_at - started
 
 
 def one_commit_per_delivery(events: int, batch_size: int) -> float:
-    group, delivery_handlers.GROUP_SECONDS = delivery_handlers.GROUP_SECONDS, 0
-    try:
+    with override_settings(OUTBOX_HANDLER_GROUP_SECONDS=0):
         return outbox(events, batch_size)[0]
-    finally:
-        delivery_handlers.GROUP_SECONDS = group
 
 
 def one_row_per_transaction(events: int) -> float:
@@ -172,8 +165,9 @@ def main() -> None:
         rates["one commit per delivery"].append(
             one_commit_per_delivery(args.baseline_events, args.batch_size)
         )
-        with without_claim_ahead():
-            rates["without claim-ahead"].append(outbox(args.events, args.batch_size)[0])
+        rates["without claim-ahead"].append(
+            outbox(args.events, args.batch_size, claim_ahead=False)[0]
+        )
         rate, fan_seconds = outbox(args.events, args.batch_size)
         rates["outbox_app"].append(rate)
         fanning.append(fan_seconds)

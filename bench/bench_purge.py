@@ -1,5 +1,5 @@
-"""Issue 16, item 5 ("Ten million rows"): ``outbox_purge`` on a big table of
-finished rows, and what it costs the relay running beside it.
+"""``outbox_purge`` on a big table of finished rows, and what it costs the
+relay running beside it.
 
 Commands (an ``outbox_purge`` database, migrated with ``bench/settings.py``)::
 

@@ -1,5 +1,5 @@
-"""Issue 15: what OpenTelemetry support costs ``publish()``: nothing without
-the package, little with it.
+"""What OpenTelemetry support costs ``publish()``: nothing without the
+package, little with it.
 
 Command (a migrated ``outbox_bench`` database)::
 
@@ -10,44 +10,41 @@ A commit of one ``publish()`` of one event, timed from entering
 ``transaction.atomic()`` to its return, in turns over ``--rounds`` rounds of
 ``--commits`` commits per mode:
 
-- ``absent``: ``outbox_app.execution.tracing`` as without opentelemetry-api installed
-  (its ``trace`` module set to None): the baseline;
+- ``absent``: without opentelemetry-api (the process cannot import
+  ``opentelemetry``, as where the package is not installed): the baseline;
 - ``api``: the API installed, no tracer provider configured (the API's no-op);
 - ``sdk``: the SDK's tracer provider with an in-memory exporter, each commit
   inside a recording span, so ``traceparent``/``tracestate`` are injected and
   stored.
 
-Printed: median and 99th percentile per mode, and the ratio to ``absent``.
-The ``sdk`` figure includes the span the benchmark itself opens.
+Each mode's commits run in a process of their own (started per round, 100
+commits of warm-up, the table emptied after), so ``absent`` is a process
+where the package is missing. Printed: median and 99th percentile per mode,
+and the ratio to ``absent``. The ``sdk`` figure includes the span the
+benchmark itself opens.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-
-import django
-
-django.setup()
-
-from django.db import connection, transaction  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
-    InMemorySpanExporter,
-)
-
-from bench import clear  # noqa: E402
-from bench.benchapp.events import OrderPlaced  # noqa: E402
-from outbox_app import publish  # noqa: E402
-from outbox_app.execution import tracing  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("absent", "api", "sdk")
 
 
 def commits(n: int, tracer=None) -> list[float]:
+    from django.db import transaction
+
+    from bench.benchapp.events import OrderPlaced
+    from outbox_app import publish
+
     times = []
     for i in range(n):
         began = time.perf_counter()
@@ -61,27 +58,59 @@ def commits(n: int, tracer=None) -> list[float]:
     return times
 
 
+def child(mode: str, count: int) -> None:
+    """One mode's commits in this process; prints the vendor and the seconds
+    per commit as JSON."""
+    if mode == "absent":
+        sys.modules["opentelemetry"] = None  # import fails: not installed
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from bench import clear
+
+    tracer = None
+    if mode == "sdk":
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+
+        sdk = TracerProvider()
+        sdk.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        tracer = sdk.get_tracer("bench")
+    commits(100, tracer)  # warm up
+    times = commits(count, tracer)
+    clear()
+    print(json.dumps({"vendor": connection.vendor, "times": times}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    installed = tracing.trace
-    sdk = TracerProvider()
-    exporter = InMemorySpanExporter()
-    sdk.add_span_processor(SimpleSpanProcessor(exporter))
-    print(f"{connection.vendor}: {args.rounds} rounds of {args.commits} commits")
-    clear()
-    commits(100)  # warm up
-    samples: dict[str, list[float]] = {"absent": [], "api": [], "sdk": []}
+    if args.mode:
+        child(args.mode, args.commits)
+        return
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
-        tracing.trace = None
-        samples["absent"] += commits(args.commits)
-        tracing.trace = installed
-        samples["api"] += commits(args.commits)
-        samples["sdk"] += commits(args.commits, sdk.get_tracer("bench"))
-        exporter.clear()
-        clear()
+        for mode in MODES:
+            command = ["bench.bench_tracing", "--mode", mode, "--commits"]
+            out = subprocess.run(
+                [sys.executable, "-m", *command, str(args.commits)],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            found = json.loads(out.splitlines()[-1])
+            samples[mode] += found["times"]
+    print(f"{found['vendor']}: {args.rounds} rounds of {args.commits} commits")
     base = statistics.median(samples["absent"])
     print(f"{'mode':<7} {'median ms':>10} {'p99 ms':>8} {'vs absent':>10}")
     for mode, times in samples.items():

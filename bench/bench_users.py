@@ -1,4 +1,4 @@
-"""Issue 12: every figure measured the way users run the product: the real
+"""Every figure measured the way users run the product: the real
 ``python -m django relay`` process of a fresh project with DEFAULT settings
 (``bench/settings.py``: only the database, the apps, the namespace and, when a
 figure needs one, a RabbitMQ publisher), process start included, against a

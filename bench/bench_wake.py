@@ -1,5 +1,5 @@
-"""Issue 15, defect 3: what ``OUTBOX_CELERY_WAKE`` adds to a commit, with the
-Celery broker up, refusing connections, and stalled.
+"""What ``OUTBOX_CELERY_WAKE`` adds to a commit, with the Celery broker up,
+refusing connections, and stalled.
 
 Command (a migrated ``outbox_bench`` database; RabbitMQ on 127.0.0.1:5672)::
 
@@ -19,7 +19,8 @@ commits each, so drift hits all alike:
   broker stuck, or a black hole behind a firewall).
 - ``before`` (once, ``--before`` commits, broker refused): the wake-up as it
   was, ``apply_async`` in the committing thread with Celery's default publish
-  retries.
+  retries (an ``events_committed`` receiver of the benchmark's own, the
+  wake-up off).
 
 Printed: median and 99th percentile of a commit per mode, in milliseconds, and
 each mode's median minus ``up``'s (goal: ``refused`` and ``stalled`` within
@@ -49,7 +50,7 @@ from django.test.utils import override_settings  # noqa: E402
 
 from bench import clear  # noqa: E402
 from bench.benchapp.events import OrderPlaced  # noqa: E402
-from outbox_app import publish, tasks  # noqa: E402
+from outbox_app import events_committed, publish, tasks  # noqa: E402
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -83,8 +84,9 @@ def commits(n: int) -> list[float]:
     return times
 
 
-def old_wake(using: str) -> None:
-    """The wake-up before the hand-off: sent in the committing thread."""
+def old_wake(sender, using: str, **kwargs) -> None:
+    """The wake-up before the hand-off: sent in the committing thread (an
+    ``events_committed`` receiver)."""
     tasks.run_handlers.apply_async(kwargs={"using": using}, expires=30)
 
 
@@ -112,21 +114,21 @@ def main() -> None:
                 CELERY_BROKER_URL=broker,
                 CELERY_TASK_DEFAULT_QUEUE=queue,
             ):
-                tasks._waker = tasks.Waker()  # no outage state carried over
                 samples[mode] += commits(args.commits)
-                tasks._waker.flush(10)
+                tasks.flush_wakeups(10)
             clear()
     # The wake-up as it was: the current app, configured for the refused port.
     app = tasks.relay_events.app
     app.conf.broker_url = brokers["refused"]
-    wake, tasks.wake = tasks.wake, old_wake
+    events_committed.connect(old_wake)
     quiet = logging.getLogger("outbox_app.publishing.outbox")  # a traceback per commit
     quiet.disabled = True
     try:
-        with override_settings(OUTBOX_CELERY_WAKE=True):
+        with override_settings(OUTBOX_CELERY_WAKE=False):
             samples["before"] = commits(args.before)
     finally:
-        tasks.wake, quiet.disabled = wake, False
+        events_committed.disconnect(old_wake)
+        quiet.disabled = False
     clear()
     with tasks.celery_app().connection_for_write() as conn:
         conn.default_channel.queue_delete(queue)

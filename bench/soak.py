@@ -1,4 +1,4 @@
-"""A soak of our own (issue 16): writers and several real relays against a real
+"""A soak of our own: writers and several real relays against a real
 database and RabbitMQ for minutes, while relays are killed, stalled and cut
 off; then every delivery guarantee is checked.
 

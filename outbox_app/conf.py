@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Setting] = {
     "MAX_PAYLOAD_BYTES": Setting(
         1024 * 1024, "Largest encoded payload publish() accepts, in bytes."
     ),
-    "MAX_ATTEMPTS": Setting(10, "Delivery attempts per delivery before it is DEAD."),
+    "MAX_ATTEMPTS": Setting(10, "Attempts per delivery before it is DEAD."),
     "RETRY_BASE_SECONDS": Setting(
         1.0, "First backoff ceiling in seconds; doubles with each attempt."
     ),
@@ -44,6 +44,12 @@ DEFAULTS: dict[str, Setting] = {
     "LEASE_SECONDS": Setting(
         60.0,
         "How long a claimed delivery stays leased to one worker, in seconds.",
+    ),
+    "HANDLER_GROUP_SECONDS": Setting(
+        0.1,
+        "Longest a group of in-process handlers shares one transaction and one "
+        "mark, in seconds (a tenth of LEASE_SECONDS, if less); 0: each handler "
+        "alone (chosen by measurement: docs/settings.md).",
     ),
     "BATCH_SIZE": Setting(
         500,
@@ -125,6 +131,12 @@ def positive_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
 
 
+def non_negative_number(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0
+    )
+
+
 def valid_namespace(value: Any) -> bool:
     return isinstance(value, str) and len(value.strip()) > 0 and len(value) <= 255
 
@@ -149,6 +161,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RETRY_BASE_SECONDS": ("outbox.E004", *SECONDS),
     "RETRY_MAX_SECONDS": ("outbox.E005", *SECONDS),
     "LEASE_SECONDS": ("outbox.E006", *SECONDS),
+    "HANDLER_GROUP_SECONDS": (
+        "outbox.E025",
+        non_negative_number,
+        "a non-negative number of seconds",
+    ),
     "BATCH_SIZE": ("outbox.E007", positive_int, "a positive integer (rows)"),
     "BATCH_BYTES": ("outbox.E024", positive_int, "a positive integer (bytes)"),
     "POLL_INTERVAL": ("outbox.E008", *SECONDS),

@@ -23,8 +23,7 @@ class OutboxRequiresActiveTransaction(OutboxError):
     ``transaction.atomic`` on the database alias it writes to.
 
     The outbox guarantee is that the event commits with the state change; outside
-    a transaction there is nothing to commit with, so nothing is written
-    (tiny-blocks/outbox, seed 002).
+    a transaction there is nothing to commit with, so nothing is written.
     """
 
 
@@ -36,7 +35,7 @@ class DuplicateAggregateVersion(OutboxError):
     """Two outbox events share ``(aggregate_type, aggregate_id, aggregate_version)``.
 
     Usually two writers raced on one aggregate without a lock: the loser should
-    retry its whole transaction (seed 002).
+    retry its whole transaction.
     """
 
 
@@ -94,8 +93,7 @@ class UntrackedWrite(OutboxError):
 class DuplicateEventType(OutboxError, ImproperlyConfigured):
     """Two different event classes claim the same ``event_type`` in one process.
 
-    Raised when the second class is created; the message names both classes
-    (Ekbatan, seed 000).
+    Raised when the second class is created; the message names both classes.
     """
 
 

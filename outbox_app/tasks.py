@@ -294,7 +294,17 @@ class Waker:
 
 
 _waker = Waker()
-atexit.register(_waker.flush, 2.0)
+
+
+def flush_wakeups(timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the wake-ups this process marked
+    due (:func:`wake`) to be sent, or to fail; True when none is left. Runs at
+    interpreter exit with 2 seconds, so a short process (a management command)
+    does not drop its last wake-up."""
+    return _waker.flush(timeout)
+
+
+atexit.register(flush_wakeups, 2.0)
 
 
 def wake(using: str) -> None:

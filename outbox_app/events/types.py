@@ -103,7 +103,8 @@ def upcaster(
     ``event`` into revision ``from_revision + 1``.
 
     Upcasters chain: a revision-1 row of a revision-3 class goes through the 1->2
-    and 2->3 functions before the class is built (seed 002's read-side upcasting).
+    and 2->3 functions before the class is built: stored rows are never
+    rewritten, old revisions are upgraded as they are read.
     """
     event_type = event if isinstance(event, str) else event.event_type
 

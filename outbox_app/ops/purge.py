@@ -19,8 +19,8 @@ this module does not.
 ``manage.py outbox_purge`` and the Celery ``purge_outbox`` task call
 :func:`purge`.
 
-How it deletes tens of millions of rows beside a running relay (issue 16;
-``bench/bench_purge.py``, bench/RESULTS.md):
+How it deletes tens of millions of rows beside a running relay
+(``bench/bench_purge.py``, bench/RESULTS.md):
 
 - **Pages by primary key, read without locks.** Each pass reads the next
   ``batch_size`` ids after the last one (``id > last ORDER BY id LIMIT n``)

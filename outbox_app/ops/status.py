@@ -2,7 +2,7 @@
 ``manage.py outbox_status`` show.
 
 :func:`overview` answers the questions operators otherwise ask the database by
-hand (seed 004): how many deliveries wait, fail or are dead per subscriber, how
+hand: how many deliveries wait, fail or are dead per subscriber, how
 old the oldest waiting one is (the lag: from when it was due, so deliveries
 scheduled for later are counted apart and never as lag), how many aggregates a
 dead delivery

@@ -1,5 +1,5 @@
 """Domain events recorded on aggregates, and the translators that turn them
-into integration events (seed 002, tiny-blocks/outbox).
+into integration events.
 
 An aggregate (a model with :class:`RecordsEvents`) records *domain* events as
 its state changes; they are internal to the service. When it is saved, each
@@ -31,9 +31,9 @@ What a Django user expects of the recorded events, and what happens:
   around it) rolls back, the rows are gone, and the instance still holds its
   recorded events: the retried save publishes them. (Django has no rollback
   hook: the instance notices at its next ``save()`` or ``recorded_events``,
-  and puts its version field back then too.) (Seed 002 raises
-  ``DuplicateOutboxEvent`` on a second drain; here a second drain in one
-  transaction is a no-op and a drain after a rollback is the retry.)
+  and puts its version field back then too.) A second drain in one
+  transaction is a no-op, not a ``DuplicateOutboxEvent``; a drain after a
+  rollback is the retry.
 - **Published once.** A transaction that commits while an ``on_commit``
   callback registered before the save raises (Django then drops the
   callbacks after it, the instance's own among them) is not taken for a

@@ -89,8 +89,8 @@ _acting: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 @contextmanager
 def acting(actor: Any = None, **metadata: Any) -> Iterator[None]:
     """Every event published in the block carries ``actor`` and ``metadata``
-    in its headers (``{"actor": ..., "metadata": {...}}``; seed 004's USER and
-    METADATA): who did it and from where. Blocks nest: an inner ``actor``
+    in its headers (``{"actor": ..., "metadata": {...}}``): who did it and
+    from where. Blocks nest: an inner ``actor``
     replaces the outer one, ``metadata`` is merged. Headers given to
     ``publish()`` win over these. ``outbox_app.middleware.ActingMiddleware``
     opens one per request; a Celery task or a management command opens its
@@ -139,7 +139,7 @@ def publish(
             aggregate.
         headers: JSON-serialisable envelope data (correlation id, causation id,
             actor, ...), stored with every event of the call.
-        tenant_id: the tenant the events belong to (seed 003).
+        tenant_id: the tenant the events belong to (``None``: no tenant).
         using: database alias; defaults to the aggregate's, else the router's.
         deliver_at: schedule the events: no delivery before this aware datetime
             (or this long from now, a timedelta). A time already past means at
@@ -242,10 +242,10 @@ def outbox_action(
 ) -> Iterator[uuid.UUID]:
     """Stamp every event published inside the block with one action id.
 
-    An action groups everything one unit of work published (Ekbatan's action
-    context, seed 000). An action that publishes nothing still leaves one
-    sentinel row (NULL ``event_type`` and ``payload``) so its run is recorded;
-    the relay never delivers sentinels. Use it inside ``transaction.atomic``::
+    An action groups everything one unit of work published. An action that
+    publishes nothing still leaves one sentinel row (NULL ``event_type`` and
+    ``payload``) so its run is recorded; the relay never delivers sentinels.
+    Use it inside ``transaction.atomic``::
 
         with transaction.atomic(), outbox_action("WalletDeposit", {"amount": 10}):
             ...

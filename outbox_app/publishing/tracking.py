@@ -1,5 +1,5 @@
 """Model change events: every create, update and delete of a tracked model
-publishes an event in the same transaction (seed 004, CoreWrite).
+publishes an event in the same transaction.
 
 ``@outbox_app.track`` on a model class::
 

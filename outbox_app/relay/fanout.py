@@ -7,7 +7,7 @@ during a rolling deploy a relay of the old version fans out to a subscriber
 only the new version has, and the deliveries wait for a relay that has it.
 Only events of types that have a subscription are taken, so an event nobody
 subscribes to waits for fan-out and a subscriber deployed later still receives
-it (Ekbatan's EventFanoutJob, seed 000). Sentinel rows are never fanned out.
+it. Sentinel rows are never fanned out.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ handler that only touches the database takes effect exactly once; a failing
 handler's savepoint is rolled back and its failure recorded after the group
 commits; if any row of the group lost its lease meanwhile, the whole group
 rolls back. A group closes after a handler that queried the database (so its
-locks are released with it, as if it ran alone) or after ``GROUP_SECONDS`` (a
-tenth of the lease, if less): handlers that do not touch the database share
-one commit, the others get one each.
+locks are released with it, as if it ran alone) or after
+``OUTBOX_HANDLER_GROUP_SECONDS`` (a tenth of the lease, if less): handlers
+that do not touch the database share one commit, the others get one each.
 
 A handler that registers ``transaction.on_commit`` callbacks (one not
 ``robust``, at least) is not marked in the group's transaction: its callbacks
@@ -56,12 +56,6 @@ from .outcomes import Outcomes
 
 logger = logging.getLogger("outbox_app.relay")
 
-#: Longest a group of handlers shares one transaction, in seconds (a group
-#: always runs at least one handler). Short enough that a group's locks and its
-#: outcomes' visibility wait little; long enough that no-op handlers share one
-#: commit per batch (bench/RESULTS.md, benchmark 3).
-GROUP_SECONDS = 0.1
-
 
 def run_handlers(
     batch: Batch,
@@ -85,7 +79,9 @@ class _Runner:
         self.rng = rng
         self.policy = RetryPolicy.of(handler)
         self.using = batch.gateway.using
-        self.seconds = min(GROUP_SECONDS, outbox_settings.LEASE_SECONDS / 10)
+        self.seconds = min(
+            outbox_settings.HANDLER_GROUP_SECONDS, outbox_settings.LEASE_SECONDS / 10
+        )
 
     def run(self) -> None:
         waiting = list(self.batch.contexts)

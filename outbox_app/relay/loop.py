@@ -90,6 +90,7 @@ def deliver(
     rng: random.Random | None = None,
     stop: threading.Event | None = None,
     fold: bool = True,
+    claim_ahead: bool = True,
 ) -> RelayReport:
     """Claim and deliver due deliveries, batch by batch, until none is due or
     the time budget is spent.
@@ -120,6 +121,10 @@ def deliver(
         stop: when set, claim no new batch; a handler batch releases the rows
             it has not attempted yet (due again at once, attempt taken back).
         fold: fan out while claiming (see above).
+        claim_ahead: under a backlog (a full batch), claim the next batch on a
+            second database connection while this one is delivered (PostgreSQL,
+            MySQL/MariaDB, outside a transaction); False: each batch is
+            claimed after the previous one, on the caller's connection.
 
     Returns:
         RelayReport with the counts.
@@ -189,8 +194,12 @@ def deliver(
                     # while this one is delivered (unless time is up by then).
                     following = active[position + 1 : position + 2] or still_busy
                     if (
-                        deadline is None or time.monotonic() + delivering < deadline
-                    ) and not pauses.paused(following[0].name):
+                        claim_ahead
+                        and (
+                            deadline is None or time.monotonic() + delivering < deadline
+                        )
+                        and not pauses.paused(following[0].name)
+                    ):
                         ahead.submit(following[0], claim)
                 began = time.monotonic()
                 if runner is not None:

@@ -37,7 +37,7 @@ class FilteredIndex(models.Index):
     (MySQL/MariaDB, where Django would drop the condition) a composite index led
     by ``fallback_prefix``, the columns the condition tests.
 
-    One migration serves all three databases (Ekbatan's schema notes, seed 000).
+    One migration serves all three databases.
     """
 
     def __init__(

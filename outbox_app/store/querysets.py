@@ -33,7 +33,7 @@ from .lifecycle import (
 
 class OutboxEventQuerySet(QuerySet):
     def for_tenant(self, tenant_id: str | None) -> OutboxEventQuerySet:
-        """Events of one tenant only (seed 003: every query is tenant-scoped)."""
+        """Events of one tenant only (``None``: the events of no tenant)."""
         return self.filter(tenant_id=tenant_id)
 
     def sentinels(self) -> OutboxEventQuerySet:

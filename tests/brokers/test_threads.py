@@ -1,6 +1,6 @@
 """Relays in threads of one process (Celery's thread and gevent pools run
 ``relay_events`` side by side): each thread publishes on its own connection,
-so confirms are credited to the batch they confirm (issue 12, fault (d))."""
+so confirms are credited to the batch they confirm."""
 
 from __future__ import annotations
 

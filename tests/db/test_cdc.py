@@ -1,9 +1,9 @@
 """CDC coexistence: what a change-data-capture reader (Debezium) sees of the
 outbox table, read from PostgreSQL's WAL through logical decoding.
 
-The outbox is "just a table" (Ekbatan, seeds 000 and 001): a CDC connector can
-stream its INSERTs to a broker while the in-process relay fans events out, and
-neither sees the other's work twice. What makes that true, shown here on the
+The outbox is "just a table": a CDC connector can stream its INSERTs to a
+broker while the in-process relay fans events out, and neither sees the
+other's work twice. What makes that true, shown here on the
 decoded WAL (the built-in ``test_decoding`` plugin, the changes Debezium's
 PostgreSQL connector reads with ``pgoutput``):
 

@@ -439,6 +439,28 @@ def test_handlers_that_never_query_share_one_commit_the_others_get_one_each(
     assert marks == (1, 4)
 
 
+def test_with_no_group_seconds_each_handler_is_marked_alone(registered, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.OUTBOX_HANDLER_GROUP_SECONDS = 0
+
+    @registered(OrderPlaced, name="pure")
+    def pure(event, context):
+        pass
+
+    place(4)
+    fan_out()
+    with CaptureQueriesContext(connection) as run:
+        assert deliver([get("pure")]).succeeded == 4
+    marks = [
+        q
+        for q in run.captured_queries
+        if q["sql"].startswith("UPDATE") and "SUCCEEDED" in q["sql"]
+    ]
+    assert len(marks) == 4
+
+
 def test_a_handler_that_swallows_a_database_error_fails(registered):
     from django.db import IntegrityError
 
@@ -871,5 +893,18 @@ def test_a_batch_claimed_ahead_is_handed_back_when_time_is_up(registered, vendor
     report = deliver([get("slow")], batch_size=5, max_seconds=0.2)
     ahead = 0 if vendor == "sqlite" else 5
     assert (report.claimed, report.succeeded, report.released) == (5 + ahead, 5, ahead)
+    states = Delivery.objects.values_list("state", "attempts")
+    assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5
+
+
+def test_without_claim_ahead_a_backlog_is_claimed_batch_after_batch(registered):
+    @registered("OrderPlaced", name="slow")
+    def slow(event, context):
+        time.sleep(0.05)
+
+    place(10)
+    fan_out()
+    report = deliver([get("slow")], batch_size=5, max_seconds=0.2, claim_ahead=False)
+    assert (report.claimed, report.succeeded, report.released) == (5, 5, 0)
     states = Delivery.objects.values_list("state", "attempts")
     assert sorted(states) == [(State.PENDING, 0)] * 5 + [(State.SUCCEEDED, 1)] * 5

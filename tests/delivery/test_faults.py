@@ -1,5 +1,5 @@
-"""Faults of the delivery path found by a code reading and a soak (issue 12,
-item 7): each test failed before its fix.
+"""Faults of the delivery path found by a code reading and a soak: each test
+failed before its fix.
 
 (a) a relay frozen inside fan-out stopped every other relay; (b) ordered
 delivery could invert aggregate versions across fan-out batches; (c) a relay

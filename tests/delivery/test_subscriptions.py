@@ -1,4 +1,4 @@
-"""Persisted subscriptions (issue 16, item 1): fan-out creates deliveries
+"""Persisted subscriptions: fan-out creates deliveries
 for every subscriber some relay recorded, not only for the ones this process
 has, so subscribers survive a rolling deploy; retiring one is an explicit act."""
 

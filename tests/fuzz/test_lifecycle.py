@@ -1,4 +1,4 @@
-"""The delivery lifecycle as a hypothesis state machine (issue 16, item 3a).
+"""The delivery lifecycle as a hypothesis state machine.
 
 ``LifecycleMachine`` drives the real database through random sequences of:
 ``publish()`` in ``transaction.atomic`` (events with and without an aggregate,

@@ -213,9 +213,9 @@ def test_command__pause_ratio(world):
 
 
 def test_purge__a_replay_between_its_read_and_its_delete_loses_nothing(monkeypatch):
-    """Issue 16's first code-reading fault: a replay landing after the purge
-    read its page of ids and before its DELETE. The DELETEs re-check the
-    condition, so the replayed (PENDING) row and its event stay."""
+    """A replay landing after the purge read its page of ids and before its
+    DELETE: the DELETEs re-check the condition, so the replayed (PENDING) row
+    and its event stay."""
     from outbox_app.ops import operations
     from outbox_app.ops import purge as purging
 

@@ -177,7 +177,7 @@ def test_a_stalled_broker_never_holds_a_commit(settings, handlers):
         assert broker.client_open(broker.clients[0])
     finally:
         broker.close()
-        assert tasks._waker.flush(20)
+        assert tasks.flush_wakeups(20)
 
 
 @pytest.mark.services("rabbitmq")
@@ -193,7 +193,7 @@ def test_a_broker_outage_is_logged_once(settings, handlers, caplog, queue):
     for i in range(3):
         with transaction.atomic():
             publish(OrderPlaced(order_id=i, total=decimal.Decimal(1)))
-        assert tasks._waker.flush(10)
+        assert tasks.flush_wakeups(10)
     assert [r.getMessage()[:26] for r in caplog.records] == [
         "outbox wake-up not sent (O"
     ]
@@ -201,7 +201,7 @@ def test_a_broker_outage_is_logged_once(settings, handlers, caplog, queue):
     settings.CELERY_BROKER_URL = BROKER  # the broker is back
     with transaction.atomic():
         publish(OrderPlaced(order_id=9, total=decimal.Decimal(1)))
-    assert tasks._waker.flush(10)
+    assert tasks.flush_wakeups(10)
     assert caplog.records[-1].getMessage() == "outbox wake-ups are sent again"
     assert len(tasks_in(queue, 1)) == 1
 
@@ -243,7 +243,7 @@ def test_a_malformed_broker_url_is_masked_in_the_log(settings, handlers, caplog,
     caplog.set_level(logging.WARNING, logger="outbox_app.tasks")
     with transaction.atomic():
         publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))
-    assert tasks._waker.flush(10)
+    assert tasks.flush_wakeups(10)
     [record] = caplog.records
     assert "outbox wake-up not sent" in record.getMessage()
     assert "s3cret" not in record.getMessage()

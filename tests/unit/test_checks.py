@@ -25,6 +25,7 @@ def test_defaults_pass(settings):
         ("OUTBOX_RETRY_BASE_SECONDS", -1, "outbox.E004"),
         ("OUTBOX_RETRY_MAX_SECONDS", None, "outbox.E005"),
         ("OUTBOX_LEASE_SECONDS", 0, "outbox.E006"),
+        ("OUTBOX_HANDLER_GROUP_SECONDS", -0.1, "outbox.E025"),
         ("OUTBOX_BATCH_SIZE", 2.5, "outbox.E007"),
         ("OUTBOX_POLL_INTERVAL", "1s", "outbox.E008"),
         ("OUTBOX_RETENTION_DAYS", 0, "outbox.E009"),
