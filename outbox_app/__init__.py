@@ -13,33 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .events.types import Event, upcaster
-from .exceptions import (
-    AggregateVersionConflict,
-    DeliveryError,
-    DuplicateAggregateVersion,
-    DuplicateEventType,
-    DuplicateOutboxEvent,
-    EventDecodeError,
-    EventExpired,
-    HandlerTimeout,
-    InvalidEvent,
-    InvalidEventType,
-    InvalidPayload,
-    InvalidSchedule,
-    LeaseLost,
-    MessageRejected,
-    MessageUnroutable,
-    OutboxError,
-    OutboxRequiresActiveTransaction,
-    PayloadTooLarge,
-    PublisherUnavailable,
-    RelayAlreadyRunning,
-    TransactionBroken,
-    UndecodableMessage,
-    UndeliverableMessage,
-    UnknownSubscriber,
-    UntrackedWrite,
-)
+from .exceptions import InvalidEvent, OutboxError
 
 if TYPE_CHECKING:
     from .inbox.receive import ConsumeContext
@@ -51,39 +25,20 @@ if TYPE_CHECKING:
     from .store.models import Delivery, InboxMessage, OutboxEvent
     from .subscribers import DeliveryContext
 
+#: What an application imports: events and publishing, handlers and consumers,
+#: the models it may query, and the two errors it may catch around publish().
+#: Every other exception is in :mod:`outbox_app.exceptions`; the relay,
+#: inbox and operations are reachable by module (``outbox_app.relay``, ...).
 __all__ = [
-    "AggregateVersionConflict",
     "ConsumeContext",
     "Delivery",
     "DeliveryContext",
-    "DeliveryError",
-    "DuplicateAggregateVersion",
-    "DuplicateEventType",
-    "DuplicateOutboxEvent",
     "Event",
-    "EventDecodeError",
-    "EventExpired",
-    "HandlerTimeout",
     "InboxMessage",
     "InvalidEvent",
-    "InvalidEventType",
-    "InvalidPayload",
-    "InvalidSchedule",
-    "LeaseLost",
-    "MessageRejected",
-    "MessageUnroutable",
     "OutboxError",
     "OutboxEvent",
-    "OutboxRequiresActiveTransaction",
-    "PayloadTooLarge",
-    "PublisherUnavailable",
     "RecordsEvents",
-    "RelayAlreadyRunning",
-    "TransactionBroken",
-    "UndecodableMessage",
-    "UndeliverableMessage",
-    "UnknownSubscriber",
-    "UntrackedWrite",
     "acting",
     "consumer",
     "events_committed",
@@ -116,9 +71,14 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'outbox_app' has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(f".{module}", __name__), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        return getattr(import_module(f".{module}", __name__), name)
+    # The exceptions were importable from here before they had their module;
+    # they still are, outside __all__.
+    exceptions = import_module(".exceptions", __name__)
+    if isinstance(getattr(exceptions, name, None), type):
+        return getattr(exceptions, name)
+    raise AttributeError(f"module 'outbox_app' has no attribute {name!r}")

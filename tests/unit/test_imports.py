@@ -22,3 +22,16 @@ def test_outbox_app_never_imports_celery():
         "assert 'celery' not in sys.modules, 'celery imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_public_names_are_what_an_application_imports():
+    import outbox_app
+    from outbox_app import exceptions
+
+    assert len(outbox_app.__all__) <= 20
+    for name in outbox_app.__all__:
+        assert getattr(outbox_app, name) is not None
+    # Every exception is in its module, and still importable from the package.
+    for name, value in vars(exceptions).items():
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert getattr(outbox_app, name) is value
