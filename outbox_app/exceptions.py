@@ -224,6 +224,12 @@ class UnknownSubscriber(OutboxError, LookupError):
     """A subscriber name matches no registered handler or configured publisher."""
 
 
+class UnknownTransition(OutboxError, ValueError):
+    """A name that is not one of the operator's transitions of a delivery
+    (``requeue``, ``retry_now``, ``dead_letter``, ``skip``: the operator's rows
+    of :data:`outbox_app.store.lifecycle.DELIVERY`)."""
+
+
 class SubscriptionInUse(OutboxError):
     """Retiring a subscription a running relay still has (it refreshed the row
     within ``SERVED_SECONDS``, five minutes): its subscriber would silently

@@ -26,8 +26,8 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from ..ops import operations
 from ..relay.outcomes import LAPSED_ERROR_TYPE
+from ..store import lifecycle
 from ..store.clock import database_now
 from ..store.lifecycle import State
 from ..store.models import Delivery, Notification
@@ -42,7 +42,7 @@ from .base import (
     state_badge,
 )
 
-#: What each operator's transition (``operations.TRANSITION_STATES``) is called
+#: What each operator's transition (``DeliveryQuerySet.apply``) is called
 #: in the admin: its action, its button on a delivery's page, the admin log
 #: line, and what it tells the operator.
 TRANSITIONS: dict[str, dict[str, Any]] = {
@@ -309,10 +309,8 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         selection = self._selection(request)
         logged = None
         if selection is not None and len(selection) <= LOG_EACH_MAX:
-            logged = list(
-                operations.affected(queryset, transition).values_list("pk", flat=True)
-            )
-        count = operations.apply(queryset, transition)
+            logged = list(queryset.affected(transition).values_list("pk", flat=True))
+        count = queryset.apply(transition)
         if count:
             self._log(request, Delivery, logged, count, log)
             skipped = len(selection) - count if selection is not None else 0
@@ -361,7 +359,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
                     ),
                 }
                 for name, text in TRANSITIONS.items()
-                if row.state in operations.TRANSITION_STATES[name]
+                if row.state in lifecycle.transition(name).sources
             ]
         extra_context = {**(extra_context or {}), "outbox_transitions": buttons}
         return super().change_view(request, object_id, form_url, extra_context)
@@ -434,7 +432,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
             return HttpResponseRedirect(changelist_url)
         matching = changelist.get_queryset(request)
         if request.method == "POST":
-            count = operations.requeue_matching(matching)
+            count = matching.apply("requeue")
             if count:
                 self._log(
                     request,
@@ -467,7 +465,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": _("Requeue everything matching the filter"),
             "opts": self.opts,
-            "requeueable": operations.requeue_matching(matching, dry_run=True),
+            "requeueable": matching.apply("requeue", dry_run=True),
             "filters": [(k, v) for k, values in request.GET.lists() for v in values],
             "changelist_back": back,
         }

@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..exceptions import OutboxError
-from ..ops import operations
+from ..ops import subscriptions as operations
 from ..store.clock import database_now
 from ..store.lifecycle import State
 from ..store.models import Delivery, OutboxEvent
@@ -248,7 +248,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         description=gettext_lazy("Requeue all failed or dead deliveries of this event"),
     )
     def requeue_deliveries(self, request, queryset):
-        count = operations.requeue_deliveries(queryset)
+        count = Delivery.objects.using(queryset.db).of_events(queryset).requeue()
         if not count:
             self.message_user(
                 request,

@@ -8,7 +8,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..exceptions import OutboxError
-from ..ops import operations
+from ..ops import subscriptions as operations
 from ..store.models import Subscription
 from .base import OutboxAdminBase
 

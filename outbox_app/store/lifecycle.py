@@ -42,7 +42,8 @@ class Transition:
             them; ``()``: it makes the row.
         targets: the states it may leave the row in; ``()``: it deletes the row.
         by: who makes it: ``"relay"``, ``"consume"``, ``"operator"`` (the admin,
-            ``outbox_requeue``, :mod:`~outbox_app.ops.operations`), ``"retire"``
+            ``outbox_requeue``, ``DeliveryQuerySet.apply``,
+            :mod:`~outbox_app.ops.subscriptions`), ``"retire"``
             (``outbox_subscribers --retire``) or ``"purge"``.
         when: the rule, in a sentence.
     """

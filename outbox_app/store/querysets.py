@@ -17,6 +17,7 @@ from django.db.models.functions import Coalesce
 
 from ..events.ids import worker_name
 from ..events.text import storable
+from ..exceptions import UnknownTransition
 from .clock import database_now
 from .db import insert_select, reissued_on_deadlock
 from .lifecycle import (
@@ -28,6 +29,7 @@ from .lifecycle import (
     SKIPPABLE,
     InboxState,
     State,
+    transition,
 )
 
 
@@ -120,6 +122,44 @@ class DeliveryQuerySet(QuerySet):
         return insert_select(model, columns, events.using(self.db).order_by("id"))
 
     # --- operators' transitions ---------------------------------------------------
+
+    #: The operator's transitions :meth:`apply` runs, by their name in
+    #: :data:`~outbox_app.store.lifecycle.DELIVERY`.
+    OPERATOR_TRANSITIONS = ("requeue", "retry_now", "dead_letter", "skip")
+
+    def of_events(self, events: QuerySet) -> DeliveryQuerySet:
+        """The deliveries of the outbox events ``events`` (any filter)."""
+        return self.filter(event__in=events.values("id"))
+
+    def affected(self, name: str) -> DeliveryQuerySet:
+        """The rows the operator's transition ``name`` would change: those in
+        its sources (the rest are left alone).
+
+        Raises:
+            UnknownTransition: ``name`` is not an operator's transition.
+        """
+        if name not in self.OPERATOR_TRANSITIONS:
+            raise UnknownTransition(f"unknown transition {name!r}")
+        return self.filter(state__in=transition(name).sources)
+
+    def apply(self, name: str, *, batch_size: int = 1000, dry_run: bool = False) -> int:
+        """Run the operator's transition ``name`` (``"requeue"``,
+        ``"retry_now"``, ``"dead_letter"`` or ``"skip"``) on these rows, in
+        batches of ``batch_size`` (ordering and slicing are ignored), so it
+        behaves the same on ten rows and on a million: the admin's "Requeue
+        all matching" on 100,000 rows holds one batch of ids at a time.
+
+        Returns:
+            Rows changed (with ``dry_run``: that would be; nothing changes).
+
+        Raises:
+            UnknownTransition: ``name`` is not an operator's transition.
+        """
+        if name not in self.OPERATOR_TRANSITIONS:
+            raise UnknownTransition(f"unknown transition {name!r}")
+        if dry_run:
+            return self.affected(name).count()
+        return getattr(self, name)(batch_size)
 
     def requeue(self, batch_size: int = 1000) -> int:
         """FAILED/DEAD -> PENDING, due now (a scheduled event's row: at its

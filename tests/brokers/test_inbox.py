@@ -14,7 +14,7 @@ from django.db import transaction
 from kombu import Producer
 
 from outbox_app import InboxMessage, OutboxEvent, publish
-from outbox_app.ops.operations import replay_to
+from outbox_app.ops.subscriptions import replay_to
 from outbox_app.publishers import cloudevents
 from outbox_app.relay import relay_once
 from outbox_app.relay.registry import close_publishers

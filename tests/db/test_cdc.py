@@ -32,8 +32,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox_app import Delivery, OutboxEvent, outbox_action, publish
-from outbox_app.ops.operations import replay_to, requeue_matching
 from outbox_app.ops.purge import purge
+from outbox_app.ops.subscriptions import replay_to
 from outbox_app.relay import relay_once
 from tests.testapp.events import OrderPlaced, Step
 
@@ -248,7 +248,7 @@ def test_fan_out_delivery_requeue_and_replay_only_flip_fanned_out(wal, handlers)
 
     relay_once()  # fan-out, then delivery to record_a, record_b and broken
     assert Delivery.objects.filter(subscriber="broken").dead_letter() == 3
-    assert requeue_matching(Delivery.objects.all()) == 3
+    assert Delivery.objects.apply("requeue") == 3
     relay_once()  # the requeued deliveries fail again
     assert replay_to(OutboxEvent.objects.all(), "record_a").reset == 3
     relay_once()  # the replayed ones succeed again

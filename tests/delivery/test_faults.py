@@ -319,7 +319,7 @@ def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
     SQLite and MariaDB: a claim took the replayed row as due, its folded
     fan-out took the row's event and read the row back by lease token, and
     the batch listed it twice (the handler ran twice for one attempt)."""
-    from outbox_app.ops import operations
+    from outbox_app.ops import subscriptions
     from outbox_app.relay.batch import Batch, Fold
     from outbox_app.relay.fanout import subscribed_types
     from outbox_app.relay.registry import subscribers
@@ -331,7 +331,7 @@ def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
         calls.append(context.delivery_id)
 
     place(1)
-    operations.replay_to(OutboxEvent.objects.all(), "once")
+    subscriptions.replay_to(OutboxEvent.objects.all(), "once")
     batch = Batch.claim(
         get("once"), "default", 10, None, "w:1", Fold(subscribed_types(subscribers()))
     )

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.exceptions import InvalidSchedule
-from outbox_app.ops.operations import replay_to
+from outbox_app.ops.subscriptions import replay_to
 from outbox_app.relay import relay_once
 from outbox_app.store.lifecycle import State
 from tests.testapp.events import Step

@@ -17,7 +17,8 @@ from django.utils import timezone
 from outbox_app import Delivery, OutboxEvent
 from outbox_app.exceptions import SubscriptionInUse
 from outbox_app.models import Subscription
-from outbox_app.ops import operations, status
+from outbox_app.ops import status
+from outbox_app.ops import subscriptions as operations
 from outbox_app.relay import fan_out, relay_once
 from outbox_app.relay.registry import get
 from outbox_app.store.lifecycle import State

@@ -11,8 +11,8 @@ before it is due), fan-out (``delivery.fan_out``), claims
 while the clock moves past their lease (``now=``, never a sleep) and another
 claim takes them over, then finished or released with their stale lease
 token; the operators' transitions the admin actions call
-(``operations.apply``: requeue, retry now, dead-letter, skip;
-``operations.requeue_deliveries``; ``operations.replay_to``); ``purge()`` at
+(``DeliveryQuerySet.apply``: requeue, retry now, dead-letter, skip;
+``of_events(...).requeue()``; ``subscriptions.replay_to``); ``purge()`` at
 a cutoff between two steps; and a handler deployed late. Two handlers are
 subscribed from the start: ``lc.ordered`` (``ordered=True``, writes to the
 database) and ``lc.loose`` (unordered, ``give_up_on=KeyError``, no database
@@ -35,7 +35,7 @@ explicitly after every step (each failure message names its promise):
   ("Exactly once for database-only handlers");
 - SUCCEEDED (and SKIPPED) is final: only ``replay_to`` (which "resets the
   existing one, whatever its state but RUNNING") takes a row out of it, and
-  only purge deletes it (states.py, operations.py);
+  only purge deletes it (store/lifecycle.py);
 - ordered: a claim for ``lc.ordered`` only takes an aggregate's head, never a
   later event while an earlier one of the same aggregate is unfinished or not
   fanned out yet ("Ordering"), and a DEAD head blocks its aggregate until
@@ -105,7 +105,7 @@ from outbox_app.conf import outbox_settings
 from outbox_app.exceptions import InvalidSchedule, OutboxRequiresActiveTransaction
 from outbox_app.execution.retry import backoff_ceiling
 from outbox_app.models import Subscription
-from outbox_app.ops import operations
+from outbox_app.ops import subscriptions as operations
 from outbox_app.ops.purge import PurgeCounts, purge
 from outbox_app.relay import fan_out
 from outbox_app.relay import registry as subscribers_registry
@@ -113,6 +113,7 @@ from outbox_app.relay.batch import Batch, Fold
 from outbox_app.relay.fanout import subscribed_types
 from outbox_app.relay.handlers import run_handlers
 from outbox_app.relay.outcomes import Outcomes, RelayReport
+from outbox_app.store import lifecycle
 from outbox_app.store.lifecycle import CLAIMABLE, FINISHED, UNFINISHED, State
 from tests.testapp.models import SideEffect
 
@@ -902,10 +903,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._transition(transition, *self._selection(selection), batch_size)
 
     def _transition(self, transition, rows, notes, batch_size) -> None:
-        states = operations.TRANSITION_STATES[transition]
+        states = lifecycle.transition(transition).sources
         affected = [n for n in notes if n.state in states]
-        assert operations.apply(rows, transition, dry_run=True) == len(affected)
-        changed = operations.apply(rows, transition, batch_size=batch_size)
+        assert rows.apply(transition, dry_run=True) == len(affected)
+        changed = rows.apply(transition, batch_size=batch_size)
         assert changed == len(affected), (
             f"{transition} changed {changed} rows, expected {len(affected)}"
         )
@@ -927,9 +928,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         affected = [
             n
             for n in self.notes.values()
-            if n.event in chosen and n.state in operations.TRANSITION_STATES["requeue"]
+            if n.event in chosen and n.state in lifecycle.REQUEUEABLE
         ]
-        count = operations.requeue_deliveries(OutboxEvent.objects.filter(pk__in=chosen))
+        count = Delivery.objects.of_events(
+            OutboxEvent.objects.filter(pk__in=chosen)
+        ).requeue()
         assert count == len(affected), f"requeued {count}, expected {len(affected)}"
         for note in affected:
             self._reset(note)
@@ -958,7 +961,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         batch_size=st.integers(1, 3),
     )
     def replay(self, subscriber, picks, batch_size):
-        """operations.replay_to, the admin's "replay to subscriber"."""
+        """subscriptions.replay_to, the admin's "replay to subscriber"."""
         self._begin("replay")
         subscriber = subscriber if subscriber in self.deployed else ORDERED
         if picks is None:
@@ -1294,9 +1297,11 @@ def test_requeue_and_replay_keep_the_schedule(again):
             )
         fan_out()
         rows = Delivery.objects.filter(event=event)
-        assert operations.apply(rows, "dead_letter") == 1
+        assert rows.apply("dead_letter") == 1
         if again == "requeue":
-            operations.requeue_deliveries(OutboxEvent.objects.filter(pk=event.pk))
+            Delivery.objects.of_events(
+                OutboxEvent.objects.filter(pk=event.pk)
+            ).requeue()
         else:
             operations.replay_to(OutboxEvent.objects.filter(pk=event.pk), LOOSE)
         assert rows.get().state == State.PENDING

@@ -1,4 +1,6 @@
-"""outbox_app.ops.operations: requeue, retry, dead-letter, replay, in batches."""
+"""The operator's transitions (DeliveryQuerySet.apply) and operations on a
+subscriber (outbox_app.ops.subscriptions): requeue, retry, dead-letter,
+replay, in batches."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from outbox_app import Delivery, OutboxEvent, UnknownSubscriber
-from outbox_app.ops import operations
+from outbox_app.exceptions import UnknownTransition
+from outbox_app.ops import subscriptions as operations
 from outbox_app.store.lifecycle import State
 from tests.ops.factories import delivery, events, subscribed
 
@@ -22,7 +25,7 @@ def test_apply__requeue_resets_failed_and_expired_keeps_the_error():
     done = delivery(event, "c", State.SUCCEEDED)
     before = timezone.now()
 
-    assert operations.apply(Delivery.objects.all(), "requeue", batch_size=1) == 2
+    assert Delivery.objects.apply("requeue", batch_size=1) == 2
 
     for row in (expired, failed):
         row.refresh_from_db()
@@ -40,21 +43,25 @@ def test_apply__dry_run_counts_and_changes_nothing():
     delivery(event, "a", State.DEAD)
     delivery(event, "b", State.PENDING)
     rows = Delivery.objects.all()
-    assert operations.apply(rows, "requeue", dry_run=True) == 1
-    assert operations.apply(rows, "dead_letter", dry_run=True) == 1
+    assert rows.apply("requeue", dry_run=True) == 1
+    assert rows.apply("dead_letter", dry_run=True) == 1
     assert Delivery.objects.filter(state=State.DEAD).count() == 1
 
 
 def test_apply__unknown_transition_is_refused():
-    with pytest.raises(ValueError, match="unknown transition"):
-        operations.apply(Delivery.objects.all(), "delete")
+    with pytest.raises(UnknownTransition, match="unknown transition 'delete'"):
+        Delivery.objects.apply("delete")
+    with pytest.raises(UnknownTransition):
+        Delivery.objects.affected("replay")  # the lifecycle's, not an operator's batch
 
 
 def test_requeue_deliveries__only_the_given_events():
     first, second = events(2)
     a = delivery(first, "a", State.DEAD)
     b = delivery(second, "a", State.DEAD)
-    count = operations.requeue_deliveries(OutboxEvent.objects.filter(pk=first.pk))
+    count = Delivery.objects.of_events(
+        OutboxEvent.objects.filter(pk=first.pk)
+    ).requeue()
     assert count == 1
     a.refresh_from_db()
     b.refresh_from_db()

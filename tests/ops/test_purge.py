@@ -216,8 +216,8 @@ def test_purge__a_replay_between_its_read_and_its_delete_loses_nothing(monkeypat
     """A replay landing after the purge read its page of ids and before its
     DELETE: the DELETEs re-check the condition, so the replayed (PENDING) row
     and its event stay."""
-    from outbox_app.ops import operations
     from outbox_app.ops import purge as purging
+    from outbox_app.ops import subscriptions as operations
 
     [event] = events(1)
     row = delivery(event, "ops.record", State.SUCCEEDED, age=OLD)

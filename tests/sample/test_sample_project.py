@@ -267,7 +267,7 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
             "shell",
             "-c",
             "from outbox_app import OutboxEvent; "
-            "from outbox_app.ops.operations import replay_to; "
+            "from outbox_app.ops.subscriptions import replay_to; "
             "replay_to(OutboxEvent.objects.exclude(event_type=None), 'broker')",
         )
         _manage(shop, "relay", "--once")

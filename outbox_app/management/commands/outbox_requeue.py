@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from outbox_app.exceptions import OutboxError
-from outbox_app.ops import operations
+from outbox_app.ops import subscriptions
 from outbox_app.store.lifecycle import REQUEUEABLE, State
 
 
@@ -80,14 +80,14 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         states = [State(options["state"])] if options["state"] else REQUEUEABLE
         try:
-            rows = operations.deliveries_matching(
+            rows = subscriptions.deliveries_matching(
                 subscriber=options["subscriber"],
                 states=states,
                 error_type=options["error_type"],
                 since=options["since"],
                 using=options["database"],
             )
-            count = operations.requeue_matching(rows, dry_run=options["dry_run"])
+            count = rows.apply("requeue", dry_run=options["dry_run"])
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
         what = "/".join(str(s) for s in states)

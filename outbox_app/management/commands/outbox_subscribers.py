@@ -14,7 +14,7 @@ from outbox_app import inbox
 from outbox_app.events.ids import worker_name
 from outbox_app.exceptions import OutboxError
 from outbox_app.inbox import recorded
-from outbox_app.ops import operations
+from outbox_app.ops import subscriptions
 from outbox_app.relay import registry
 from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import INBOX_REQUEUEABLE, UNFINISHED
@@ -68,7 +68,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--waiting",
-            choices=operations.WAITING,
+            choices=subscriptions.WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
             "DEAD deliveries (they become SKIPPED), or dead-letters a consumer's "
             "FAILED inbox messages; 'keep' leaves them for a process that has it.",
@@ -122,7 +122,7 @@ class Command(BaseCommand):
             }
             try:
                 if rows.exists():
-                    retired, skipped = operations.retire(rows, **how)
+                    retired, skipped = subscriptions.retire(rows, **how)
                     self.stdout.write(
                         f"Retired {retired} subscriptions of {name}; "
                         f"{skipped} waiting deliveries skipped."
@@ -138,7 +138,7 @@ class Command(BaseCommand):
             return
         elif options["reactivate"]:
             if rows.exists():
-                count = operations.reactivate(rows)
+                count = subscriptions.reactivate(rows)
                 self.stdout.write(f"Reactivated {count} subscriptions of {name}.")
             if consumers.exists():
                 count = consumers.reactivate()

@@ -1,10 +1,10 @@
-"""Operators' operations on deliveries: what the admin actions and
-``manage.py outbox_requeue`` do, beyond the transitions of ``querysets.py``.
+"""Operators' operations on a subscriber: the deliveries ``outbox_requeue``
+selects by subscriber name, replaying events to one subscriber, retiring and
+reactivating subscriptions. The transitions of single rows (requeue, retry
+now, dead-letter, skip) are ``DeliveryQuerySet.apply`` (``store/querysets.py``).
 
 Every function takes querysets and works in bounded batches, so it behaves the
-same on ten rows and on a million, and never loads the rows themselves: the
-admin's "Requeue everything matching the current filter" on 100,000 rows holds
-one batch of ids in memory at a time.
+same on ten rows and on a million, and never loads the rows themselves.
 """
 
 from __future__ import annotations
@@ -19,87 +19,12 @@ from django.db.models import Q, QuerySet
 from ..exceptions import SubscriptionInUse
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import ABANDONABLE, REQUEUEABLE, State, transition
+from ..store.lifecycle import ABANDONABLE, REQUEUEABLE
 from ..store.models import Delivery, OutboxEvent
 from ..subscribers import WILDCARD
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
-
-#: The rows each operator's transition changes (the rest are left alone): its
-#: sources in :data:`~outbox_app.store.lifecycle.DELIVERY`, as in
-#: ``DeliveryQuerySet.requeue()`` / ``retry_now()`` / ``dead_letter()`` / ``skip()``.
-TRANSITION_STATES: dict[str, tuple[State, ...]] = {
-    name: transition(name).sources
-    for name in ("requeue", "retry_now", "dead_letter", "skip")
-}
-
-
-def affected(deliveries: QuerySet, transition: str) -> QuerySet:
-    """The rows of ``deliveries`` that ``transition`` would change.
-
-    Args:
-        deliveries: a Delivery queryset.
-        transition: ``"requeue"``, ``"retry_now"`` or ``"dead_letter"``.
-    """
-    return deliveries.filter(state__in=TRANSITION_STATES[transition])
-
-
-def apply(
-    deliveries: QuerySet,
-    transition: str,
-    *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    dry_run: bool = False,
-) -> int:
-    """Run one operator's transition on ``deliveries``, in batches.
-
-    Args:
-        deliveries: a Delivery queryset (any filter; its ordering and
-            slicing are ignored).
-        transition: ``"requeue"`` (FAILED/DEAD -> PENDING, due now, attempts
-            reset), ``"retry_now"`` (FAILED rows due now) or ``"dead_letter"``
-            (PENDING/FAILED -> DEAD).
-        batch_size: rows per UPDATE.
-        dry_run: count the rows it would change, change nothing.
-
-    Returns:
-        Rows changed (or, with ``dry_run``, that would be).
-    """
-    if transition not in TRANSITION_STATES:
-        raise ValueError(f"unknown transition {transition!r}")
-    if dry_run:
-        return affected(deliveries, transition).count()
-    return getattr(deliveries, transition)(batch_size)
-
-
-def requeue_matching(
-    deliveries: QuerySet,
-    *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    dry_run: bool = False,
-) -> int:
-    """Requeue every FAILED/DEAD row of ``deliveries``, in batches.
-
-    Returns:
-        Rows requeued (or, with ``dry_run``, that would be).
-    """
-    return apply(deliveries, "requeue", batch_size=batch_size, dry_run=dry_run)
-
-
-def requeue_deliveries(
-    events: QuerySet, *, batch_size: int = DEFAULT_BATCH_SIZE
-) -> int:
-    """Requeue the FAILED/DEAD deliveries of the outbox events ``events``.
-
-    Returns:
-        Deliveries requeued.
-    """
-    return (
-        Delivery.objects.using(events.db)
-        .filter(event__in=events.values("id"))
-        .requeue(batch_size)
-    )
 
 
 def deliveries_matching(
@@ -298,16 +223,11 @@ def subscriber_choices() -> list[tuple[str, str]]:
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "TRANSITION_STATES",
     "WAITING",
     "ReplayResult",
-    "affected",
-    "apply",
     "deliveries_matching",
     "reactivate",
     "replay_to",
-    "requeue_deliveries",
-    "requeue_matching",
     "retire",
     "subscriber_choices",
 ]
