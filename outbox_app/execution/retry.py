@@ -1,7 +1,7 @@
 """The retry policy: what a failed attempt means for its delivery.
 
-A decision is a value (procrastinate's ``retry.py``): ``retry_at`` for a
-FAILED row that will be tried again, ``None`` for the dead letter (DEAD).
+A decision is a value: ``retry_at`` for a FAILED row that will be tried again,
+``None`` for the dead letter (DEAD).
 Everything that decides between the two lives here, once, for handlers and
 publishers alike:
 
