@@ -27,6 +27,7 @@ TAGS = {
     " `fresh` (in a fresh copy of the repository, no environment) and `running`"
     " (a server: still running after 20 s counts as success)",
     "suite": "runs the test suite itself, as .ci/run does",
+    "diagram": "a drawing; every path in it exists in the repository",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")

@@ -202,3 +202,11 @@ def test_shell_block_runs(block, tmp_path_factory):
         timeout=120,
     )
     assert result.returncode == 0, f"{block.id}:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.mark.parametrize("block", tagged("diagram"), ids=ids(tagged("diagram")))
+def test_diagram_names_what_exists(block):
+    package = ROOT / "outbox_app"
+    named = set(re.findall(r"\b(\w+/|\w+\.py)", block.code))
+    missing = [n for n in sorted(named) if not any(package.rglob(n.rstrip("/")))]
+    assert not missing, f"{block.id}: not in outbox_app/: {missing}"
