@@ -277,7 +277,9 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
         paid = _count(
             shop, "OutboxEvent.objects.filter(event_type='OrderPaid').count()"
         )
-        wait(lambda: billed() == placed and billed("SUM(payments)") == paid)
+        # Every event of the module's database, replayed: minutes on a loaded
+        # machine, not a measure of anything.
+        wait(lambda: billed() == placed and billed("SUM(payments)") == paid, 240)
         code = second.stop()
         # What the stopped consumer had not read yet (duplicates write
         # nothing, so their end cannot be watched): drained by a last one.
