@@ -9,8 +9,8 @@ publishers alike:
   once (a publisher gives up on :class:`~outbox_app.exceptions.UndeliverableMessage`);
 * the attempt that reaches ``max_attempts`` goes to the dead letter;
 * otherwise the row is due again after a capped exponential backoff with full
-  jitter (:func:`retry_delay`: ``uniform(0, min(cap, base * 2 ** (attempt -
-  1)))``, AWS's "full jitter"), counted from the failure;
+  jitter (:class:`Backoff`: ``uniform(0, min(cap, base * 2 ** (attempt -
+  1)))``), counted from the failure;
 * the lease rule: a row claimed with more attempts than allowed had its last
   allowed attempt's lease run out (its worker died or hung past the lease). It
   is not run again: it is dead with :class:`~outbox_app.exceptions.LeaseLost`.
@@ -100,31 +100,57 @@ class RetryPolicy:
             return None
         if attempt >= self.max_attempts:
             return None
-        delay = retry_delay(attempt, self.base, self.cap, rng)
+        delay = Backoff(self.base, self.cap).delay(attempt, rng)
         return now + datetime.timedelta(seconds=delay)
 
 
-def backoff_ceiling(attempt: int, base: float, cap: float) -> float:
-    """Largest delay after failed attempt number ``attempt`` (1-based), in seconds."""
-    if attempt < 1:
-        return 0.0
-    # 2 ** 63 would overflow float math for absurd attempt counts; the cap wins
-    # long before that.
-    return min(cap, base * 2 ** min(attempt - 1, 62))
+@dataclass(frozen=True)
+class Backoff:
+    """Waits that double from ``base`` up to ``cap`` seconds: the one backoff of
+    outbox_app, for failed deliveries, paused publishers' probes and the relay's
+    and ``consume``'s reconnects.
 
-
-def retry_delay(
-    attempt: int, base: float, cap: float, rng: random.Random | None = None
-) -> float:
-    """Seconds to wait before retrying after failed attempt ``attempt``.
-
-    Args:
-        attempt: the attempt that just failed, 1 for the first.
-        base: ceiling of the first delay, in seconds.
-        cap: largest ceiling, in seconds.
-        rng: source of randomness (tests pass a seeded one).
-
-    Returns:
-        A float in ``[0, backoff_ceiling(attempt, base, cap)]``.
+    Attributes:
+        base: the first wait's ceiling, in seconds.
+        cap: the largest ceiling, in seconds.
+        jitter: ``"full"``: uniform in ``[0, ceiling]`` (AWS's "full jitter":
+            many rows failing together spread out); ``"equal"``: half the
+            ceiling plus a uniform half (processes that paused together never
+            probe together, nor sooner than half the ceiling); ``"none"``: the
+            ceiling (one process's own reconnects).
     """
-    return (rng or random).uniform(0.0, backoff_ceiling(attempt, base, cap))
+
+    base: float
+    cap: float
+    jitter: str = "full"
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest wait after failure number ``attempt`` (1-based), in
+        seconds: ``min(cap, base * 2 ** (attempt - 1))``; 0 before any."""
+        if attempt < 1:
+            return 0.0
+        # 2 ** 63 would overflow float math for absurd attempt counts; the cap
+        # wins long before that.
+        return min(self.cap, self.base * 2 ** min(attempt - 1, 62))
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failure number ``attempt`` (1-based).
+
+        Args:
+            attempt: the failure just counted, 1 for the first.
+            rng: source of randomness (tests pass a seeded one).
+
+        Returns:
+            A float in ``[0, ceiling(attempt)]`` (``"equal"``: in its upper half).
+        """
+        ceiling = self.ceiling(attempt)
+        if self.jitter == "none":
+            return ceiling
+        if self.jitter == "equal":
+            return ceiling / 2 + (rng or random).uniform(0.0, ceiling / 2)
+        return (rng or random).uniform(0.0, ceiling)
+
+
+#: The relay's and ``consume``'s reconnects to an unreachable database or
+#: broker: 0.5 s doubling to 30 s.
+RECONNECT = Backoff(base=0.5, cap=30.0, jitter="none")

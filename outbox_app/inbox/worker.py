@@ -37,6 +37,7 @@ from kombu import Connection, Exchange, Queue, binding
 from kombu.exceptions import OperationalError
 
 from ..conf import mask_url, outbox_settings
+from ..execution.retry import RECONNECT
 from ..store.models import InboxMessage
 from ..store.querysets import HEARTBEAT_SECONDS
 from . import recorded
@@ -47,8 +48,6 @@ logger = logging.getLogger("outbox_app.inbox")
 
 #: Seconds between looks for failed messages due again.
 RETRY_EVERY = 1.0
-#: Longest wait between reconnections to the broker or the database, seconds.
-MAX_BACKOFF = 30.0
 #: How long a batch waits for one more message the broker is sending, seconds.
 GATHER_SECONDS = 0.001
 
@@ -140,7 +139,7 @@ class ConsumeWorker:
                 # again.
                 self._pending = []
                 self._broker_failures += 1
-                delay = min(MAX_BACKOFF, 0.5 * 2 ** (self._broker_failures - 1))
+                delay = RECONNECT.delay(self._broker_failures)
                 logger.error(
                     "consume: broker unreachable (attempt %d: %s), reconnecting "
                     "in %.1f s",
@@ -253,7 +252,7 @@ class ConsumeWorker:
 
     def _database_down(self, exc: Exception) -> None:
         self._database_failures += 1
-        delay = min(MAX_BACKOFF, 0.5 * 2 ** (self._database_failures - 1))
+        delay = RECONNECT.delay(self._database_failures)
         logger.error(
             "consume: database error (%s); messages handed back, waiting %.1f s",
             exc,

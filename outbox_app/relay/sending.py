@@ -42,7 +42,7 @@ from ..conf import mask_url, outbox_settings
 from ..exceptions import DeliveryError, PublisherUnavailable
 from ..execution import tracing
 from ..execution.metrics import relay_metrics
-from ..execution.retry import RetryPolicy, backoff_ceiling
+from ..execution.retry import Backoff, RetryPolicy
 from ..publishers.base import Publisher
 from .batch import Batch, Sidecar
 from .outcomes import Outcomes, RelayReport
@@ -329,8 +329,8 @@ def probe_delay(probes: int, rng: random.Random | None = None) -> float:
     """Seconds before the next probe after ``probes`` failed ones: doubling
     from 0.5 s to ``OUTBOX_PAUSE_MAX_SECONDS``, "equal jitter" (half of it
     random) so relays that paused together do not probe together."""
-    ceiling = backoff_ceiling(probes + 1, 0.5, outbox_settings.PAUSE_MAX_SECONDS)
-    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+    backoff = Backoff(0.5, outbox_settings.PAUSE_MAX_SECONDS, jitter="equal")
+    return backoff.delay(probes + 1, rng)
 
 
 def _save(

@@ -23,6 +23,7 @@ from django.db import connections
 
 from ..conf import outbox_settings
 from ..exceptions import RelayAlreadyRunning
+from ..execution.retry import RECONNECT
 from ..publishing.outbox import events_committed
 from ..store.db import is_single_writer
 from . import RelayReport, relay_once
@@ -35,8 +36,6 @@ logger = logging.getLogger("outbox_app.relay.worker")
 MIN_POLL_SECONDS = 0.05
 #: Longest time one iteration delivers before the loop checks its limits again.
 ITERATION_SECONDS = 5.0
-#: Longest wait between reconnection attempts, in seconds.
-MAX_RECONNECT_SECONDS = 30.0
 
 
 class RelayWorker:
@@ -193,7 +192,7 @@ class RelayWorker:
         return min(wait * 2, self.poll_interval)
 
     def _recover(self, listener: Listener, exc: Exception, failures: int) -> None:
-        delay = min(MAX_RECONNECT_SECONDS, 0.5 * 2 ** (failures - 1))
+        delay = RECONNECT.delay(failures)
         logger.error(
             "relay database error (attempt %d), reconnecting in %.1fs: %s",
             failures,

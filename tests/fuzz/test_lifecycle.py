@@ -103,7 +103,7 @@ from hypothesis.stateful import (
 from outbox_app import Delivery, OutboxEvent, handler, publish
 from outbox_app.conf import outbox_settings
 from outbox_app.exceptions import InvalidSchedule, OutboxRequiresActiveTransaction
-from outbox_app.execution.retry import backoff_ceiling
+from outbox_app.execution.retry import Backoff
 from outbox_app.models import Subscription
 from outbox_app.ops import subscriptions as operations
 from outbox_app.ops.purge import PurgeCounts, purge
@@ -783,11 +783,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             spent = time.monotonic() - batch.started
             rows = Delivery.objects.filter(id__in=failed)
             for pk, due in rows.values_list("id", "next_retry_at"):
-                ceiling = backoff_ceiling(
-                    failed[pk],
+                ceiling = Backoff(
                     outbox_settings.RETRY_BASE_SECONDS,
                     outbox_settings.RETRY_MAX_SECONDS,
-                )
+                ).ceiling(failed[pk])
                 latest = batch.now + datetime.timedelta(seconds=spent + ceiling)
                 assert batch.now <= due <= latest, (
                     f"retries: FAILED after attempt {failed[pk]} is due at {due}, "

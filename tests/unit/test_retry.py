@@ -9,7 +9,7 @@ import random
 import pytest
 
 from outbox_app.exceptions import LeaseLost, UndeliverableMessage
-from outbox_app.execution.retry import RetryPolicy, backoff_ceiling, retry_delay
+from outbox_app.execution.retry import RECONNECT, Backoff, RetryPolicy
 from outbox_app.publishers.base import Publisher
 from outbox_app.subscribers import Handler
 
@@ -21,15 +21,22 @@ NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     [(0, 0.0), (1, 1.0), (2, 2.0), (3, 4.0), (10, 512.0), (11, 600.0), (10**6, 600.0)],
 )
 def test_the_ceiling_doubles_from_base_up_to_the_cap(attempt, ceiling):
-    assert backoff_ceiling(attempt, base=1.0, cap=600.0) == ceiling
+    assert Backoff(base=1.0, cap=600.0).ceiling(attempt) == ceiling
 
 
 def test_the_delay_is_full_jitter_below_the_ceiling():
     rng = random.Random(7)
-    delays = [retry_delay(4, 1.0, 600.0, rng) for _ in range(2000)]
+    delays = [Backoff(1.0, 600.0).delay(4, rng) for _ in range(2000)]
     assert all(0.0 <= d <= 8.0 for d in delays)
     # Spread over the whole range, not bunched at the ceiling.
     assert min(delays) < 0.5 and max(delays) > 7.5
+
+
+def test_equal_jitter_stays_in_the_upper_half_and_reconnects_have_none():
+    rng = random.Random(3)
+    probes = [Backoff(0.5, 60.0, jitter="equal").delay(3, rng) for _ in range(500)]
+    assert all(1.0 <= d <= 2.0 for d in probes) and max(probes) - min(probes) > 0.9
+    assert [RECONNECT.delay(n) for n in (1, 2, 3, 7, 8)] == [0.5, 1.0, 2.0, 30.0, 30.0]
 
 
 def test_a_retried_error_is_due_again_within_its_ceiling():
