@@ -63,6 +63,7 @@ from ..conf import outbox_settings
 from ..store.clock import database_now
 from ..store.lifecycle import FINISHED, InboxState
 from ..store.models import Delivery, InboxMessage, OutboxEvent
+from ..store.querysets import keyset_pages
 
 DEFAULT_BATCH_SIZE = 1000
 #: After each batch, sleep this many times as long as the batch took.
@@ -333,16 +334,10 @@ def _in_batches(
     lock only the rows they name by primary key and re-check the condition.
     After each batch it calls ``pause`` with the seconds the batch took.
     """
-    base = queryset.order_by("pk").values_list("pk", flat=True)
-    last = None
-    while True:
-        began = time.monotonic()
-        page = base if last is None else base.filter(pk__gt=last)
-        ids = list(page[:batch_size])
-        if not ids:
-            return
+    began = time.monotonic()
+    for ids in keyset_pages(queryset.values_list("pk", flat=True), batch_size):
         with transaction.atomic(using=using):
             work(ids)
-        last = ids[-1]
         if pause is not None:
             pause(time.monotonic() - began)
+        began = time.monotonic()

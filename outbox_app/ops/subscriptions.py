@@ -21,6 +21,7 @@ from ..relay import registry
 from ..store.clock import database_now
 from ..store.lifecycle import ABANDONABLE, REQUEUEABLE
 from ..store.models import Delivery, OutboxEvent
+from ..store.querysets import keyset_pages
 from ..subscribers import WILDCARD
 
 #: Rows one operation handles per statement.
@@ -111,15 +112,8 @@ def replay_to(
     names = subscriber.stored_names
     alias = events.db
     rows = Delivery.objects.using(alias)
-    base = events.order_by("id").only("id", "event_type")
     created = reset = skipped = 0
-    last_id = None
-    while True:
-        page = base if last_id is None else base.filter(id__gt=last_id)
-        batch = list(page[:batch_size])
-        if not batch:
-            return ReplayResult(created, reset, skipped)
-        last_id = batch[-1].id
+    for batch in keyset_pages(events.only("id", "event_type"), batch_size):
         wanted = {
             event.id
             for event in batch
@@ -140,6 +134,7 @@ def replay_to(
                 subscriber.name,
                 now,
             )
+    return ReplayResult(created, reset, skipped)
 
 
 #: What retiring a subscription does with its subscriber's waiting rows.

@@ -9,7 +9,7 @@ succeed, fail, release) are raw statements in
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from django.db import models
 from django.db.models import Case, F, Q, QuerySet, Value, When
@@ -236,17 +236,34 @@ class DeliveryQuerySet(QuerySet):
 
     def _in_batches(self, queryset: QuerySet, batch_size: int, **fields) -> int:
         total = 0
-        last_id = 0
-        base = queryset.order_by("id")
-        while True:
-            ids = list(
-                base.filter(id__gt=last_id).values_list("id", flat=True)[:batch_size]
-            )
-            if not ids:
-                return total
+        for ids in keyset_pages(queryset.values_list("pk", flat=True), batch_size):
             # Re-filtered, so a row that changed state meanwhile is left alone.
-            total += base.filter(id__in=ids).update(**fields)
-            last_id = ids[-1]
+            total += queryset.filter(pk__in=ids).update(**fields)
+        return total
+
+
+def keyset_pages(queryset: QuerySet, size: int) -> Iterator[list]:
+    """``queryset``'s rows in pages of ``size``, in primary key order, each page
+    read after the previous one's last key (never ``OFFSET``): rows the caller
+    changes or deletes between pages are not read again, a page costs the same
+    at the millionth row as at the first, and no read holds a lock.
+
+    Args:
+        queryset: model instances, or primary keys
+            (``values_list("pk", flat=True)``); its ordering is replaced.
+        size: rows per page.
+
+    Yields:
+        Lists of up to ``size`` rows, as ``queryset`` gives them.
+    """
+    base = queryset.order_by("pk")
+    last = None
+    while True:
+        page = list((base if last is None else base.filter(pk__gt=last))[:size])
+        if not page:
+            return
+        yield page
+        last = page[-1].pk if isinstance(page[-1], models.Model) else page[-1]
 
 
 class SubscriberPauseQuerySet(QuerySet):
