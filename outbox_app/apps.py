@@ -1,5 +1,18 @@
+from typing import Any
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
+
+
+def _wake_celery(sender: Any, using: str, **kwargs: Any) -> None:
+    """``events_committed`` receiver: with ``OUTBOX_CELERY_WAKE``, enqueue the
+    Celery relay task (``tasks.wake``); Celery is imported only then."""
+    from .conf import outbox_settings
+
+    if outbox_settings.CELERY_WAKE:
+        from .tasks import wake
+
+        wake(using)
 
 
 class OutboxConfig(AppConfig):
@@ -15,6 +28,7 @@ class OutboxConfig(AppConfig):
         from .relay.wake import wake_relays
 
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
+        events_committed.connect(_wake_celery, dispatch_uid="outbox_app.wake_celery")
 
         # Handlers live in each app's handlers.py, as admin classes live in admin.py.
         autodiscover_modules("handlers")

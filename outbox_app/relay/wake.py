@@ -1,6 +1,6 @@
 """Waking relays: a PostgreSQL ``NOTIFY`` after each commit that published
-events (and, with ``OUTBOX_CELERY_WAKE``, the Celery relay task), and the
-:class:`Listener` a relay waits on between polls."""
+events, and the :class:`Listener` a relay waits on between polls. (The Celery
+relay task's wake-up, ``OUTBOX_CELERY_WAKE``, is ``tasks.wake``.)"""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import threading
 from typing import Any
 
 from django.db import connections
-
-from ..conf import outbox_settings
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -122,9 +120,5 @@ class Listener:
 
 def wake_relays(sender: Any, using: str, **kwargs: Any) -> None:
     """``events_committed`` receiver: wake relays in other processes (PostgreSQL
-    NOTIFY) and, with ``OUTBOX_CELERY_WAKE``, enqueue the Celery relay task."""
+    NOTIFY)."""
     notify_relays(using)
-    if outbox_settings.CELERY_WAKE:
-        from ..tasks import wake as celery_wake
-
-        celery_wake(using)

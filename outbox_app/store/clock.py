@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from django.apps import apps
 from django.conf import settings
 from django.db import DatabaseError, connections, router
 from django.utils import timezone
@@ -64,9 +65,8 @@ def database_now(alias: str | None = None) -> datetime.datetime:
             call).
     """
     if alias is None:
-        from .models import OutboxEvent
-
-        alias = router.db_for_write(OutboxEvent)
+        # By the registry, not an import: the models' querysets read this clock.
+        alias = router.db_for_write(apps.get_model("outbox_app", "OutboxEvent"))
     host = timezone.now()
     sql = dialect(alias).clock_sql
     if sql is None:
