@@ -357,7 +357,8 @@ def problems(
     if max_lag is not None and lag is not None and lag > max_lag:
         found.append(f"lag {lag:.1f}s is above --max-lag {max_lag:g}s")
     if max_dead is not None and data["dead"] > max_dead:
-        found.append(f"{data['dead']} dead deliveries, more than --max-dead {max_dead}")
+        noun = "delivery" if data["dead"] == 1 else "deliveries"
+        found.append(f"{data['dead']} dead {noun}, more than --max-dead {max_dead}")
     dead_inbox = sum(row["states"][InboxState.DEAD] for row in data.get("inbox", ()))
     if max_dead_inbox is not None and dead_inbox > max_dead_inbox:
         found.append(

@@ -199,7 +199,7 @@ def test_command__json_shape():
     }
 
 
-def test_command__max_expired_crossed_exits_2():
+def test_command__max_dead_crossed_exits_2():
     event = events(1)[0]
     delivery(event, "ops.record", State.DEAD)
     delivery(event, "other", State.DEAD)
@@ -209,7 +209,7 @@ def test_command__max_expired_crossed_exits_2():
     assert json.loads(out)["problems"] == ["2 dead deliveries, more than --max-dead 1"]
 
 
-def test_command__max_parked_counts_the_inbox_dead_letter():
+def test_command__max_dead_inbox_counts_the_inbox_dead_letter():
     from outbox_app.models import InboxMessage
     from outbox_app.store.lifecycle import InboxState
 
@@ -297,3 +297,13 @@ def test_command__a_malformed_broker_url_is_masked(settings):
         call_command("outbox_status", stdout=io.StringIO())
     assert "s3cret" not in str(raised.value)
     assert "amqp://user:**@host:notaport//" in str(raised.value)
+
+
+def test_the_former_flag_names_still_set_the_dead_letter_limits():
+    delivery(events(1)[0], "ops.record", State.DEAD)
+    out, code = run("--max-expired", "0", "--json")
+    assert (code, json.loads(out)["problems"]) == (
+        2,
+        ["1 dead delivery, more than --max-dead 0"],
+    )
+    assert run("--max-parked", "0")[1] == 0

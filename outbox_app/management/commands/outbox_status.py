@@ -70,12 +70,16 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-dead",
+            "--max-expired",  # its name before DEAD was the one dead letter
+            dest="max_dead",
             type=_non_negative(int),
             metavar="N",
             help="Unhealthy when more than N deliveries are DEAD.",
         )
         parser.add_argument(
             "--max-dead-inbox",
+            "--max-parked",  # its name before DEAD was the one dead letter
+            dest="max_dead_inbox",
             type=_non_negative(int),
             metavar="N",
             help="Unhealthy when more than N inbox messages are DEAD (the "
