@@ -187,3 +187,30 @@ def handlers():
     yield add
     for name in registered:
         registry.unregister(name)
+
+
+_SPANS = None
+
+
+@pytest.fixture
+def spans():
+    """The OpenTelemetry spans finished during the test, in the SDK's
+    in-memory exporter (a tracer provider set once per process: OpenTelemetry
+    allows one)."""
+    global _SPANS
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    if _SPANS is None:
+        _SPANS = InMemorySpanExporter()
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+        trace.set_tracer_provider(provider)
+    _SPANS.clear()
+    yield _SPANS
+    _SPANS.clear()

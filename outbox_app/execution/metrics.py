@@ -1,6 +1,8 @@
-"""The relay's own Prometheus metrics (optional: prometheus-client), emitted
-as it delivers: outcomes, failures, handler and batch durations, pauses.
-The metrics read from the database are :mod:`outbox_app.ops.metrics`'s."""
+"""The Prometheus metrics a process running user code emits as it runs it
+(optional: prometheus-client): the relay's (outcomes, failures, handler and
+batch durations, pauses) and ``consume``'s (outcomes, failures, consumer
+durations). The metrics read from the database are
+:mod:`outbox_app.ops.metrics`'s."""
 
 from __future__ import annotations
 
@@ -22,12 +24,95 @@ def _prometheus():
     return prometheus_client
 
 
-class RelayMetrics:
-    """This relay process's own counters and histograms, served on
-    ``manage.py relay --metrics-port`` (prometheus-client's HTTP server, with
-    its process metrics). Every method is a no-op until :meth:`enable`: a
-    relay without the option, or without prometheus-client, pays one
-    attribute test per batch.
+class CallMetrics:
+    """One process's counters of the user code it runs, one kind of it
+    (handlers in ``relay``, consumers in ``consume``). Every method is a no-op
+    until :meth:`enable`: a process without ``--metrics-port``, or without
+    prometheus-client, pays one attribute test per call.
+
+    ==============================================  ============================
+    ``outbox_<process>_outcomes_total{<label>,``    rows by outcome (the words
+    ``outcome}``                                    are the process's own)
+    ``outbox_<process>_failures_total{<label>,``    failed or dead attempts by
+    ``error}``                                      error class
+    ``outbox_<process>_<callee>_seconds{<label>}``  histogram: one call of the
+                                                    user code
+    ==============================================  ============================
+
+    Args:
+        process: the command that runs the code (``"relay"``, ``"consume"``).
+        label: the label naming whose row or call it is (``"subscriber"``,
+            ``"consumer"``).
+        callee: what the user code is (``"handler"``, ``"consumer"``).
+        rows: what the outcomes count, capitalized (``"Deliveries"``,
+            ``"Inbox messages"``).
+    """
+
+    enabled = False
+
+    def __init__(self, process: str, label: str, callee: str, rows: str):
+        self.process, self.label, self.callee, self.rows = process, label, callee, rows
+
+    def enable(self, port: int | None, addr: str = "0.0.0.0", registry=None) -> None:
+        """Create the metrics and serve them on ``addr:port``.
+
+        Args:
+            port: where to serve them (prometheus-client's HTTP server, with
+                its process metrics); None: only create them (a caller that
+                reads ``registry`` itself).
+            registry: where to create them; default prometheus-client's
+                global one.
+
+        Raises:
+            ImproperlyConfigured: prometheus-client is not installed.
+            OSError: the port cannot be bound.
+        """
+        prometheus = _prometheus()
+        registry = registry or prometheus.REGISTRY
+        self._create(prometheus, registry)
+        if port is not None:
+            prometheus.start_http_server(port, addr=addr, registry=registry)
+        self.enabled = True
+
+    def _create(self, prometheus, registry) -> None:
+        prefix, label = f"outbox_{self.process}", self.label
+        self._outcomes = prometheus.Counter(
+            f"{prefix}_outcomes",
+            f"{self.rows} by outcome in this {self.process} process (rows).",
+            [label, "outcome"],
+            registry=registry,
+        )
+        self._failures = prometheus.Counter(
+            f"{prefix}_failures",
+            "Failed or dead-lettered attempts by error class.",
+            [label, "error"],
+            registry=registry,
+        )
+        self._calls = prometheus.Histogram(
+            f"{prefix}_{self.callee}_seconds",
+            f"Seconds one {self.callee} call took.",
+            [label],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=registry,
+        )
+
+    def outcome(self, name: str, outcome: str, rows: int = 1) -> None:
+        if self.enabled and rows:
+            self._outcomes.labels(name, outcome).inc(rows)
+
+    def failure(self, name: str, error: str) -> None:
+        if self.enabled:
+            self._failures.labels(name, error).inc()
+
+    def call(self, name: str, seconds: float) -> None:
+        if self.enabled:
+            self._calls.labels(name).observe(seconds)
+
+
+class RelayMetrics(CallMetrics):
+    """The relay process's own counters and histograms, served on
+    ``manage.py relay --metrics-port``: :class:`CallMetrics`' for handlers and
+    publishers, and the relay's own.
 
     =================================================  ==========================
     ``outbox_relay_outcomes_total{subscriber,outcome}``  rows by outcome:
@@ -50,41 +135,16 @@ class RelayMetrics:
     =================================================  ==========================
     """
 
-    enabled = False
+    def __init__(self):
+        super().__init__("relay", "subscriber", "handler", "Deliveries")
 
-    def enable(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Create the metrics and serve them on ``addr:port``.
-
-        Raises:
-            ImproperlyConfigured: prometheus-client is not installed.
-            OSError: the port cannot be bound.
-        """
-        prometheus = _prometheus()
-        registry = prometheus.REGISTRY
-        self._outcomes = prometheus.Counter(
-            "outbox_relay_outcomes",
-            "Deliveries by outcome in this relay process (rows).",
-            ["subscriber", "outcome"],
-            registry=registry,
-        )
-        self._failures = prometheus.Counter(
-            "outbox_relay_failures",
-            "Failed or dead-lettered delivery attempts by error class.",
-            ["subscriber", "error"],
-            registry=registry,
-        )
+    def _create(self, prometheus, registry) -> None:
+        super()._create(prometheus, registry)
         self._batch = prometheus.Histogram(
             "outbox_relay_batch_seconds",
             "Seconds to deliver one claimed batch.",
             ["subscriber"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=registry,
-        )
-        self._handler = prometheus.Histogram(
-            "outbox_relay_handler_seconds",
-            "Seconds one handler call took.",
-            ["subscriber"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
             registry=registry,
         )
         self._latency = prometheus.Histogram(
@@ -100,20 +160,6 @@ class RelayMetrics:
             ["subscriber"],
             registry=registry,
         )
-        prometheus.start_http_server(port, addr=addr, registry=registry)
-        self.enabled = True
-
-    def outcome(self, subscriber: str, outcome: str, rows: int) -> None:
-        if self.enabled and rows:
-            self._outcomes.labels(subscriber, outcome).inc(rows)
-
-    def failure(self, subscriber: str, error: str) -> None:
-        if self.enabled:
-            self._failures.labels(subscriber, error).inc()
-
-    def handler(self, subscriber: str, seconds: float) -> None:
-        if self.enabled:
-            self._handler.labels(subscriber).observe(seconds)
 
     def batch(
         self,
@@ -141,3 +187,11 @@ class RelayMetrics:
 
 #: The relay process's metrics (:class:`RelayMetrics`).
 relay_metrics = RelayMetrics()
+
+#: The ``consume`` process's metrics, served on ``manage.py consume
+#: --metrics-port`` (:class:`CallMetrics`):
+#: ``outbox_consume_outcomes_total{consumer,outcome}`` (messages by what their
+#: inbox row became: handled, failed, dead),
+#: ``outbox_consume_failures_total{consumer,error}`` and the histogram
+#: ``outbox_consume_consumer_seconds{consumer}`` (one consumer call).
+consume_metrics = CallMetrics("consume", "consumer", "consumer", "Inbox messages")

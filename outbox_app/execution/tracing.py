@@ -10,9 +10,10 @@ tracer provider configured by the project (the SDK and an exporter),
 - broker messages carry them as the CloudEvents distributed-tracing extension
   (``traceparent`` / ``tracestate`` attributes, publishers/cloudevents.py);
 - :func:`span`: the relay opens a span per handler call (kind CONSUMER) and
-  per broker batch (PRODUCER), *linked* to the publishing spans (a delivery
-  runs later, in another process: a link, not a parent, as the OpenTelemetry
-  messaging conventions say), so a trace viewer goes from the request to its
+  per broker batch (PRODUCER), and ``consume`` one per consumer call
+  (CONSUMER), *linked* to the publishing spans (a delivery runs later, in
+  another process: a link, not a parent, as the OpenTelemetry messaging
+  conventions say), so a trace viewer goes from the request to its
   deliveries and back.
 
 Without the package, or with it and no tracer provider configured, every
@@ -53,6 +54,15 @@ def inject(headers: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return {**(headers or {}), **found} if found else headers
 
 
+def recording() -> bool:
+    """Whether a span would be recorded: the package is installed and the
+    project configured a tracer provider. Who runs user code asks first and
+    builds a span's name and attributes only then."""
+    return trace is not None and not isinstance(
+        trace.get_tracer_provider(), _NOT_CONFIGURED
+    )
+
+
 def _link(headers: Mapping[str, Any] | None):
     if not headers or "traceparent" not in headers:
         return None
@@ -75,11 +85,12 @@ def span(
 
     Args:
         name: the span name (``"outbox handle OrderPlaced"``).
-        producer: a broker batch (PRODUCER) or a handler call (CONSUMER).
+        producer: a broker batch (PRODUCER) or a handler's or a consumer's
+            call (CONSUMER).
         headers: the delivered events' headers.
         attributes: span attributes (``messaging.*``, ``outbox.*``).
     """
-    if trace is None or isinstance(trace.get_tracer_provider(), _NOT_CONFIGURED):
+    if not recording():
         # Nothing would record the span: skip the API's no-op work too (about
         # 7 us a handler call, 7% of a no-op handler's delivery).
         yield None

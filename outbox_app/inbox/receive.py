@@ -29,12 +29,17 @@ spins in a redelivery loop, the attempts are counted whatever the broker
 (classic RabbitMQ queues and Redis count none), and the dead letter is in the
 same place as the relay's, requeueable from the admin.
 
-A consumer's ``transaction.on_commit`` callbacks are taken out of Django's
-list as it returns and run by the inbox after the commit, in order, each
-guarded: one that raises fails its own message as a raising consumer does
-(FAILED with the callback's error, retried: the consumer runs again with its
-first writes committed, so a consumer with such side effects runs at least
-once and must be idempotent), and every other callback still runs.
+A consumer runs as a handler does (:class:`~outbox_app.execution.run.Execution`,
+the :data:`CONSUMER` role): within its ``timeout``, in a span
+(``outbox consume <type>``), timed and counted in :data:`consume_metrics`
+(its messages' outcomes: handled, failed, dead). Its ``transaction.on_commit``
+callbacks, when one is not ``robust``, are taken out of Django's list as it
+returns and run by the inbox after the commit, in order, each guarded: one
+that raises fails its own message as a raising consumer does (FAILED with the
+callback's error, retried: the consumer runs again with its first writes
+committed, so a consumer with such side effects runs at least once and must
+be idempotent), and every other callback still runs. Only ``robust`` ones
+are left to Django, which runs them at the commit and logs their errors.
 
 A message that is not a CloudEvent, or whose attributes the inbox cannot
 store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
@@ -55,19 +60,19 @@ import logging
 import operator
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from ..events.text import storable, unstorable
-from ..exceptions import TransactionBroken, UndecodableMessage
-from ..execution.limits import Deferral, time_limit
-from ..execution.run import event_for, recorded_error
+from ..exceptions import UndecodableMessage
+from ..execution.metrics import consume_metrics
+from ..execution.run import Callback, Execution, Role, recorded_error, run_callbacks
 from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
 from ..store.clock import database_now
-from ..store.db import insert_new, transaction_broken, violated_constraint
+from ..store.db import insert_new, violated_constraint
 from ..store.lifecycle import InboxState
 from ..store.models import InboxMessage
 from ..subscribers import dotted_path
@@ -219,15 +224,34 @@ class Tally:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
+def _span(consumer: Consumer, context: ConsumeContext) -> tuple[str, dict]:
+    """A consumer call's span: ``outbox consume <event type>``, named by the
+    consumer (the ``consumer.group``), the queue and the message id."""
+    return f"outbox consume {context.event_type}", {
+        "messaging.system": "outbox_app",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": context.queue,
+        "messaging.consumer.group.name": consumer.name,
+        "messaging.message.id": context.message_id,
+        "outbox.attempt": context.attempt,
+    }
+
+
+#: Consumers run in the atomic block that holds their inbox row.
+CONSUMER = Role("consumer", savepoint=False, span=_span, metrics=consume_metrics)
+
+
 @dataclass
 class _Ran:
     """A consumer run whose transaction committed (or will, with the one it
-    is in), and the ``on_commit`` callbacks it registered there."""
+    is in), and the ``on_commit`` callbacks taken out of Django's list that
+    it registered there (None: none, or only ``robust`` ones, left to
+    Django)."""
 
     consumer: Consumer
     row: InboxMessage
     body: bytes | str
-    callbacks: list = field(default_factory=list)
+    callbacks: list[Callback] | None = None
 
 
 def receive(
@@ -453,71 +477,60 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
     return tally
 
 
-def _run(consumer: Consumer, context: ConsumeContext, alias: str) -> list:
-    """Call ``consumer`` with ``context``'s event, within its ``timeout``.
+def _run(
+    consumer: Consumer, context: ConsumeContext, alias: str
+) -> list[Callback] | None:
+    """Call ``consumer`` with ``context``'s event, within its ``timeout`` and
+    its span (:class:`~outbox_app.execution.run.Execution`), in the caller's
+    atomic block, which its error rolls back.
 
     Returns:
-        The ``on_commit`` callbacks it registered (Django's entries), taken
-        out of the connection's list: the inbox runs them after the commit.
+        The ``on_commit`` callbacks it registered, taken out of the
+        connection's list when one is not ``robust``: the inbox runs them
+        after the commit (:func:`_after_commit`). None: Django runs them.
 
     Raises:
         HandlerTimeout: it ran longer than its ``timeout`` (even if it caught
             the exception and returned).
         TransactionBroken: it returned, but its writes cannot commit.
-        Exception: what it raised (the rollback of its savepoint or
-            transaction discards its callbacks).
+        Exception: what it raised, or its event's decoding error (the
+            rollback of the caller's block discards its callbacks).
     """
-    connection = connections[alias]
-    start = len(connection.run_on_commit)
-    if consumer.timeout is None:
-        consumer.fn(event_for(context), context)
-    else:
-        deferral = Deferral("consumer")
-        with (
-            connection.execute_wrapper(deferral),
-            time_limit(consumer.timeout, deferral) as timer,
-        ):
-            consumer.fn(event_for(context), context)
-        if timer.fired:
-            raise deferral.timed_out()
-    broken = transaction_broken(connection)
-    if broken:
-        raise TransactionBroken(f"the consumer {broken}")
-    callbacks = connection.run_on_commit[start:]
-    del connection.run_on_commit[start:]
+    execution = Execution(CONSUMER, consumer, connections[alias], take_callbacks=True)
+    with execution.installed():
+        error, _, callbacks = execution.run(context)
+    if error is not None:
+        raise error
     return callbacks
 
 
 def _after_commit(ran: list[_Ran], alias: str) -> Tally:
     """Run the callbacks of ``ran``, whose transaction committed, in the
-    order they were registered, each guarded: a raising one fails its message
-    (recorded as a failed attempt; the consumer's writes stay), a raising
-    ``robust`` one is logged (Django's rule), and the others run all the
-    same. Inside a caller's transaction they are handed back to Django, which
-    runs them at its commit."""
+    order they were registered, each guarded
+    (:func:`~outbox_app.execution.run.run_callbacks`): a raising one fails its
+    message (recorded as a failed attempt; the consumer's writes stay), a
+    raising ``robust`` one is logged (Django's rule), and the others run all
+    the same. Inside a caller's transaction they are handed back to Django,
+    which runs them at its commit. Counts each message that stays handled."""
     tally = Tally()
     if connections[alias].in_atomic_block:
         for run in ran:
-            for _, callback, robust in run.callbacks:
+            for callback, robust in run.callbacks or ():
                 transaction.on_commit(callback, using=alias, robust=robust)
+            consume_metrics.outcome(run.consumer.name, "handled")
         return tally
     for run in ran:
         error = None
-        for _, callback, robust in run.callbacks:
-            try:
-                callback()
-            except Exception as exc:
-                if robust:
-                    logger.error(
-                        "%s: a robust on_commit callback of message %s raised: %s",
-                        run.consumer.name,
-                        run.row.message_id,
-                        exc,
-                        exc_info=True,
-                    )
-                elif error is None:
-                    error = exc
+        if run.callbacks:
+            error = run_callbacks(
+                run.callbacks,
+                owner=run.consumer.name,
+                row=f"message {run.row.message_id}",
+                logger=logger,
+                extra={"consumer": run.consumer.name, "message_id": run.row.message_id},
+            )
         if error is None:
+            consume_metrics.outcome(run.consumer.name, "handled")
             continue
         try:
             failed = _failed(
@@ -538,6 +551,7 @@ def _after_commit(ran: list[_Ran], alias: str) -> Tally:
                 run.row.message_id,
                 error,
             )
+            consume_metrics.outcome(run.consumer.name, "handled")
             continue
         tally.handled -= 1
         tally += failed
@@ -876,6 +890,8 @@ def _failed(
     except IntegrityError:
         # Another consume process handled or recorded it meanwhile.
         return Tally(duplicates=1)
+    consume_metrics.failure(consumer.name, error_type)
+    consume_metrics.outcome(consumer.name, "failed" if retry_at else "dead")
     level = logging.WARNING if retry_at else logging.ERROR
     logger.log(
         level,
@@ -920,6 +936,8 @@ def _park_undecodable(
             )
     except IntegrityError:
         return Tally(duplicates=1)
+    consume_metrics.failure(consumer.name, UNDECODABLE)
+    consume_metrics.outcome(consumer.name, "dead")
     logger.error(
         "%s: undecodable message %s on %s DEAD: %s", consumer.name, key, queue, error
     )

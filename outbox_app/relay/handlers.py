@@ -38,23 +38,35 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
 
 from django.db import connections, transaction
 
 from ..conf import outbox_settings
-from ..exceptions import LeaseLost, TransactionBroken
-from ..execution import tracing
-from ..execution.limits import Deferral, time_limit
+from ..exceptions import LeaseLost
 from ..execution.metrics import relay_metrics
 from ..execution.retry import RetryPolicy
-from ..execution.run import event_for
-from ..store.db import transaction_broken
+from ..execution.run import Callback, Execution, Role, run_callbacks
 from ..subscribers import DeliveryContext, Handler
 from .batch import Batch
 from .outcomes import Outcomes
 
 logger = logging.getLogger("outbox_app.relay")
+
+
+def _span(handler: Handler, context: DeliveryContext) -> tuple[str, dict]:
+    """A handler call's span: ``outbox handle <event type>``, named by the
+    handler and the event id."""
+    return f"outbox handle {context.event_type}", {
+        "messaging.system": "outbox_app",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": handler.name,
+        "messaging.message.id": str(context.event_id),
+        "outbox.attempt": context.attempt,
+    }
+
+
+#: Handlers run in a savepoint each, inside their group's transaction.
+HANDLER = Role("handler", savepoint=True, span=_span, metrics=relay_metrics)
 
 
 def run_handlers(
@@ -103,7 +115,7 @@ class _Runner:
         failures: list[tuple[DeliveryContext, BaseException]] = []
         # The handlers whose on_commit callbacks the relay runs after the
         # commit, with those callbacks: they are marked once these ran.
-        deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]] = []
+        deferred: list[tuple[DeliveryContext, list[Callback]]] = []
         taken = 0
         connection = connections[self.using]
         # Inside a caller's transaction (a test case, relay_once() in an
@@ -112,9 +124,11 @@ class _Runner:
         try:
             with transaction.atomic(using=self.using):
                 callbacks = len(connection.run_on_commit)
-                guard = _Guard(connection)
+                execution = Execution(
+                    HANDLER, self.handler, connection, take_callbacks=outermost
+                )
                 deadline = time.monotonic() + self.seconds
-                with connection.execute_wrapper(guard):
+                with execution.installed():
                     for context in contexts:
                         if taken and (
                             time.monotonic() >= deadline
@@ -124,13 +138,9 @@ class _Runner:
                             break
                         taken += 1
                         error = self.policy.lease_ran_out(context.attempt)
-                        queried = False
-                        registered = len(connection.run_on_commit)
+                        queried, later = False, None
                         if error is None:
-                            error, queried = self._run_one(context, guard)
-                        later = None
-                        if error is None and outermost:
-                            later = _take_callbacks(connection, registered)
+                            error, queried, later = execution.run(context)
                         if later:
                             deferred.append((context, later))
                         elif error is None:
@@ -143,7 +153,7 @@ class _Runner:
                             # groups would otherwise deadlock on an
                             # application's hot rows).
                             break
-                in_transaction = guard.queried or bool(
+                in_transaction = execution.queried or bool(
                     connection.run_on_commit[callbacks:]
                 )
                 if in_transaction:
@@ -155,7 +165,7 @@ class _Runner:
                     self.outcomes.succeeded(succeeded, all_or_none=True)
                     later_ids = [c.delivery_id for c, _ in deferred]
                     if (
-                        guard.queried
+                        execution.queried
                         and later_ids
                         and len(self.batch.renew(later_ids)) < len(later_ids)
                     ):
@@ -190,10 +200,11 @@ class _Runner:
         return taken
 
     def _after_commit(
-        self, deferred: list[tuple[DeliveryContext, list[tuple[Callable, bool]]]]
+        self, deferred: list[tuple[DeliveryContext, list[Callback]]]
     ) -> None:
         """Run the ``on_commit`` callbacks of the handlers of ``deferred`` now
-        that their writes committed, in order, each guarded, then record the
+        that their writes committed, in order, each guarded
+        (:func:`~outbox_app.execution.run.run_callbacks`), then record the
         outcomes: SUCCEEDED (one UPDATE for them all), or a failed attempt
         with the first error a handler's callback raised (retried, or
         DEAD, by the retry policy). A ``robust`` callback's error is
@@ -202,23 +213,15 @@ class _Runner:
         run again, over their committed writes (at least once)."""
         done: list[int] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
+        name = self.handler.name
         for context, callbacks in deferred:
-            error = None
-            for func, robust in callbacks:
-                try:
-                    func()
-                except Exception as exc:
-                    if robust or error is not None:
-                        logger.error(
-                            "%s: an on_commit callback of delivery %s raised: %s",
-                            self.handler.name,
-                            context.delivery_id,
-                            exc,
-                            exc_info=exc,
-                            extra={"subscriber": self.handler.name},
-                        )
-                    else:
-                        error = exc
+            error = run_callbacks(
+                callbacks,
+                owner=name,
+                row=f"delivery {context.delivery_id}",
+                logger=logger,
+                extra={"subscriber": name},
+            )
             if error is None:
                 done.append(context.delivery_id)
             else:
@@ -232,114 +235,3 @@ class _Runner:
                 error, context.attempt, self.batch.clock(), self.rng
             )
             self.outcomes.failed(context, error, retry_at)
-
-    def _run_one(
-        self, context: DeliveryContext, guard: _Guard
-    ) -> tuple[Exception | None, bool]:
-        """Run the handler on one row: (its error or None, whether it queried
-        the database)."""
-        handler = self.handler
-
-        def call() -> None:
-            event = event_for(context)
-            with tracing.span(
-                f"outbox handle {context.event_type}",
-                producer=False,
-                headers=(context.headers,),
-                attributes={
-                    "messaging.system": "outbox_app",
-                    "messaging.operation.type": "process",
-                    "messaging.destination.name": handler.name,
-                    "messaging.message.id": str(context.event_id),
-                    "outbox.attempt": context.attempt,
-                },
-            ):
-                began = time.monotonic()
-                try:
-                    with time_limit(handler.timeout, guard) as timer:
-                        handler.fn(event, context)
-                finally:
-                    relay_metrics.handler(handler.name, time.monotonic() - began)
-                if timer.fired:  # the handler caught HandlerTimeout and returned
-                    raise guard.timed_out()
-
-        return guard.run(call)
-
-
-def _take_callbacks(connection, start: int) -> list[tuple[Callable, bool]] | None:
-    """The ``on_commit`` callbacks registered on ``connection`` from position
-    ``start`` on, as ``(func, robust)``, taken out of Django's list so the
-    relay runs them after the commit, when one of them is not ``robust``.
-    None when there is none or all are robust: Django runs those at the
-    commit and logs their errors (``publish()``'s wake-up is one), so they
-    can neither fail the commit nor keep other callbacks from running."""
-    added = connection.run_on_commit[start:]
-    if all(robust for _, _, robust in added):
-        return None
-    del connection.run_on_commit[start:]
-    return [(func, robust) for _, func, robust in added]
-
-
-class _Guard(Deferral):
-    """The execute wrapper of one group: each handler's savepoint, sent only
-    before its first query, and its time limit, deferred while a database call
-    is in progress.
-
-    :meth:`run` calls a handler as a nested ``transaction.atomic()`` would,
-    inside the group's transaction, but a handler that never touches this
-    database (an e-mail, a cache, an HTTP call) costs no round trip, which is
-    most of what a no-op handler costs otherwise (bench/RESULTS.md).
-    """
-
-    def __init__(self, connection):
-        super().__init__("handler")
-        self.connection = connection
-        self.sid: str | None = None  # the running handler's savepoint
-        self.queried = False  # a handler of the group sent a query
-
-    def before(self) -> None:
-        if self.sid is None:
-            self.sid = ""  # the SAVEPOINT statement itself passes here
-            self.sid = self.connection.savepoint()
-            self.queried = True
-
-    def run(self, fn: Callable[[], None]) -> tuple[Exception | None, bool]:
-        """Call ``fn()`` in a savepoint sent before its first query.
-
-        Returns:
-            ``(error, queried)``. ``error`` is None when ``fn`` returned: its
-            writes stay in the group's transaction. It is ``fn``'s exception
-            when it raised or left the transaction marked for rollback: its
-            writes are rolled back and the ``on_commit`` callbacks it
-            registered dropped, as ``atomic()`` does. ``queried``: ``fn`` sent
-            a query.
-
-        Raises:
-            django.db.DatabaseError: rolling back to the savepoint failed (the
-                connection broke); the group's transaction is lost.
-        """
-        connection = self.connection
-        callbacks = len(connection.run_on_commit)
-        self.sid = None
-        try:
-            fn()
-            broken = transaction_broken(connection)
-            if broken:
-                raise TransactionBroken(f"the handler {broken}")
-            if self.sid:
-                connection.savepoint_commit(self.sid)
-            return None, self.sid is not None
-        except Exception as exc:
-            error = exc
-        # As atomic() leaves a failed nested block: clear the flag, roll back
-        # to the savepoint; if that fails, the group's transaction is lost.
-        connection.needs_rollback = False
-        if self.sid:
-            try:
-                connection.savepoint_rollback(self.sid)
-                connection.savepoint_commit(self.sid)
-            except Exception:
-                connection.needs_rollback = True
-                raise
-        del connection.run_on_commit[callbacks:]
-        return error, self.sid is not None

@@ -340,6 +340,69 @@ def test_poison_input_through_consume_is_parked_readably_and_the_rest_handled(
     assert "subject holds a NUL character" in undecodable.last_error
 
 
+def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
+    """``consume --metrics-port``: messages by outcome and by error class per
+    consumer, and the consumer calls' durations, read from the running
+    process."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    consumer = consume(
+        rabbitmq,
+        unique,
+        f"{unique}-in",
+        "--metrics-port",
+        str(port),
+        OUTBOX_TEST_CONSUMER_POISON="3",
+        OUTBOX_TEST_RETRY_BASE="0.05",
+        OUTBOX_TEST_RETRY_MAX="0.1",
+    )
+    snapshot: dict = {}
+
+    def scrape() -> dict:
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return {}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def outcome(word: str) -> tuple:
+        labels = (("consumer", "tests.inbox"), ("outcome", word))
+        return ("outbox_consume_outcomes_total", labels)
+
+    def counted() -> bool:
+        snapshot.clear()
+        snapshot.update(scrape())
+        return (
+            snapshot.get(outcome("dead")) == 1 and snapshot.get(outcome("handled")) == 4
+        )
+
+    try:
+        for n in range(5):
+            send(rabbitmq, unique, n)
+        wait_for(counted, 60, "the outcomes counted")
+    finally:
+        code = consumer.stop()
+    assert code == 0, consumer.text()
+    # 3 is poison: failed once, then DEAD on its second (last) attempt.
+    assert snapshot[outcome("handled")] == 4
+    assert snapshot[outcome("failed")] == 1
+    error = (("consumer", "tests.inbox"), ("error", "builtins.ValueError"))
+    assert snapshot[("outbox_consume_failures_total", error)] == 2
+    calls = ("outbox_consume_consumer_seconds_count", (("consumer", "tests.inbox"),))
+    assert snapshot[calls] >= 6  # each call, failed or not
+
+
 def test_a_rolling_deploy_keeps_the_messages_of_a_consumer_only_new_code_has(
     rabbitmq, unique
 ):

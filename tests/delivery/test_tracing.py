@@ -1,6 +1,7 @@
 """OpenTelemetry (outbox_app/execution/tracing.py), with the SDK's in-memory
 exporter: the trace context goes from the publishing span into the event's
-headers and the CloudEvent, and the relay's spans link back to it."""
+headers and the CloudEvent, and the relay's spans link back to it (the
+``spans`` fixture is tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,6 @@ import pytest
 from django.db import transaction
 from kombu import Connection, Exchange, Queue
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-    InMemorySpanExporter,
-)
 
 from outbox_app import OutboxEvent, publish
 from outbox_app.relay import relay_once
@@ -23,21 +19,6 @@ from outbox_app.relay.registry import close_publishers
 from tests.testapp.events import OrderPlaced
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans():
-    """The spans finished during the test (a provider set once per process:
-    OpenTelemetry allows one)."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
 
 
 def ids(traceparent: str) -> tuple[int, int]:

@@ -27,8 +27,10 @@ def message(
     payload: dict | None = None,
     expires_at: datetime.datetime | None = None,
     source: str = "shop",
+    headers: dict | None = None,
 ) -> bytes:
-    """A message as outbox_app's KombuPublisher sends it."""
+    """A message as outbox_app's KombuPublisher sends it (``headers``: the
+    event's, default a correlation id)."""
     context = DeliveryContext(
         event_id=event_id or uuid.uuid4(),
         namespace=source,
@@ -38,7 +40,7 @@ def message(
         aggregate_type="shop.Order",
         aggregate_id=aggregate,
         aggregate_version=None,
-        headers={"correlation_id": "req-1"},
+        headers={"correlation_id": "req-1"} if headers is None else headers,
         tenant_id=None,
         action_id=None,
         occurred_at=timezone.now(),

@@ -6,10 +6,12 @@ from __future__ import annotations
 import signal
 import threading
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from kombu import Connection
 
 from outbox_app.conf import mask_url, outbox_settings
+from outbox_app.execution.metrics import consume_metrics
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
 
@@ -56,6 +58,15 @@ class Command(BaseCommand):
             default=None,
             help="Exit 0 after this many seconds (default: run until stopped).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="Serve this process's Prometheus metrics (messages by outcome "
+            "and by error class per consumer, consumer call durations) on this "
+            "port, at /metrics (needs outbox_app[prometheus]). The inbox's own "
+            "numbers come from outbox_app.ops.metrics.metrics_view.",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
@@ -88,6 +99,11 @@ class Command(BaseCommand):
                 + f" (queues with consumers: {', '.join(known) or 'none'}; "
                 "consumers live in an installed app's consumers.py)"
             )
+        if options["metrics_port"] is not None:
+            try:
+                consume_metrics.enable(options["metrics_port"])
+            except (ImproperlyConfigured, OSError) as exc:
+                raise CommandError(f"--metrics-port: {exc}") from exc
         stop = threading.Event()
         worker = ConsumeWorker(
             chosen,
