@@ -24,7 +24,7 @@ from django.db import connections
 from ..conf import outbox_settings
 from ..exceptions import RelayAlreadyRunning
 from ..publishing.outbox import events_committed
-from ..store.db import is_single_writer
+from ..store.sql import dialect
 from . import RelayReport, relay_once
 from .registry import Kind, close_publishers, subscribers
 from .wake import Listener
@@ -246,7 +246,7 @@ def single_relay_guard(alias: str) -> Iterator[None]:
     Raises:
         RelayAlreadyRunning: another process holds the lock for this file.
     """
-    if not is_single_writer(alias):
+    if not dialect(alias).single_writer:
         yield
         return
     name = str(connections[alias].settings_dict["NAME"])
