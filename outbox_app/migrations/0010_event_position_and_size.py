@@ -11,7 +11,7 @@ from django.db import migrations, models
 
 import outbox_app.store.db
 from outbox_app.store.db import copy_to_deliveries, number_positions
-from outbox_app.store.sql import dialect
+from outbox_app.store.sql import dialect_of
 
 
 def fill(apps, schema_editor):
@@ -19,7 +19,7 @@ def fill(apps, schema_editor):
     deliveries = apps.get_model("outbox_app", "Notification")
     number_positions(schema_editor, events)
     table = schema_editor.quote_name(events._meta.db_table)
-    size = dialect(schema_editor.connection.alias).json_bytes("payload")
+    size = dialect_of(schema_editor.connection).json_bytes("payload")
     schema_editor.execute(f"UPDATE {table} SET payload_bytes = {size}", params=None)
     copy_to_deliveries(schema_editor, events, deliveries, ["position", "payload_bytes"])
 

@@ -17,7 +17,7 @@ from django.db.migrations.operations.base import Operation
 from django.db.models import Q
 
 import outbox_app.store.db
-from outbox_app.store.sql import dialect
+from outbox_app.store.sql import dialect_of
 
 
 class RenameUniqueConstraint(Operation):
@@ -64,7 +64,7 @@ class RenameUniqueConstraint(Operation):
 
     def _rename(self, app_label, schema_editor, to_state, old, new):
         model = to_state.apps.get_model(app_label, self.model_name)
-        renamed = dialect(schema_editor.connection.alias).rename_index(
+        renamed = dialect_of(schema_editor.connection).rename_index(
             model._meta.db_table, old, new
         )
         if renamed is not None:

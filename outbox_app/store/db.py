@@ -16,7 +16,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 
-from .sql import dialect
+from .sql import dialect, dialect_of
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -50,7 +50,7 @@ class FilteredIndex(models.Index):
         return "outbox_app.store.db.FilteredIndex", args, kwargs
 
     def create_sql(self, model, schema_editor, using="", **kwargs):
-        concrete = dialect(schema_editor.connection.alias).filtered_index(self)
+        concrete = dialect_of(schema_editor.connection).filtered_index(self)
         return concrete.create_sql(model, schema_editor, using=using, **kwargs)
 
 
@@ -152,7 +152,7 @@ def number_positions(schema_editor, model: type[models.Model]) -> None:
     NULLs are numbered).
     """
     connection = schema_editor.connection
-    d = dialect(connection.alias)
+    d = dialect_of(connection)
     table = model._meta.db_table
     t = connection.ops.quote_name(table)
     numbered = (
@@ -174,7 +174,7 @@ def copy_to_deliveries(schema_editor, events, deliveries, columns) -> None:
     connection = schema_editor.connection
     q = connection.ops.quote_name
     schema_editor.execute(
-        dialect(connection.alias).update_from(
+        dialect_of(connection).update_from(
             q(deliveries._meta.db_table),
             q(events._meta.db_table),
             "o.id = t.event_id",
@@ -227,7 +227,7 @@ def transaction_broken(connection) -> str | None:
             "left the transaction marked for rollback (a database error caught "
             "inside atomic(), or transaction.set_rollback(True))"
         )
-    if dialect(connection.alias).transaction_aborted(connection):
+    if dialect_of(connection).transaction_aborted(connection):
         return (
             "left the transaction aborted (a database error caught with no "
             "savepoint around it)"

@@ -20,7 +20,7 @@ from .mysql import MySQLDialect
 from .postgresql import PostgreSQLDialect
 from .sqlite import SQLiteDialect
 
-__all__ = ["DIALECTS", "PRIMARY_KEY", "Dialect", "dialect"]
+__all__ = ["DIALECTS", "PRIMARY_KEY", "Dialect", "dialect", "dialect_of"]
 
 #: The :class:`Dialect` of each ``connection.vendor`` outbox_app runs on.
 DIALECTS: dict[str, type[Dialect]] = {
@@ -38,6 +38,16 @@ def dialect(alias: str) -> Dialect:
             MySQL/MariaDB and SQLite.
     """
     return _dialect(alias, connections[alias].vendor)
+
+
+def dialect_of(connection) -> Dialect:
+    """The :class:`Dialect` of ``connection`` (a Django connection, e.g. a
+    schema editor's): :func:`dialect` of its alias, with no lookup.
+
+    Raises:
+        UnsupportedDatabase: as :func:`dialect`.
+    """
+    return _dialect(connection.alias, connection.vendor)
 
 
 @functools.cache
