@@ -35,7 +35,7 @@ django.setup()
 from django.db import OperationalError, connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from outbox_app.store.gateway import _statements  # noqa: E402
+from outbox_app.store.sql import dialect  # noqa: E402
 
 SHAPES = [(8_000, 4), (8_000, 1), (100_000, 2_000), (100_000, 1)]
 SUBSCRIBER = "bench.ordered"
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=30.0, help="seconds")
     args = parser.parse_args()
     assert connection.vendor == "postgresql", "a PostgreSQL planner benchmark"
-    fenced = _statements("default", "postgresql")._candidates(1, True, 1)
+    fenced = dialect("default")._candidates(1, True, 1)
     unfenced = fenced.replace(" OFFSET 0)", ")")
     assert fenced.count(" OFFSET 0)") == 2 and "OFFSET" not in unfenced
     print(

@@ -212,6 +212,11 @@ class UndecodableMessage(OutboxError):
     goes on: it never blocks the queue."""
 
 
+class UnsupportedDatabase(OutboxError, ImproperlyConfigured):
+    """The outbox's database is none of PostgreSQL, MySQL/MariaDB and SQLite
+    (``connection.vendor``): outbox_app has no SQL for it."""
+
+
 class RelayAlreadyRunning(OutboxError):
     """A second relay started against a SQLite database that already has one.
 

@@ -72,9 +72,10 @@ from ..execution.metrics import consume_metrics
 from ..execution.run import Callback, Execution, Role, recorded_error, run_callbacks
 from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
 from ..store.clock import database_now
-from ..store.db import insert_new, violated_constraint
+from ..store.db import insert_new
 from ..store.lifecycle import InboxState
 from ..store.models import InboxMessage
+from ..store.sql import dialect
 from ..subscribers import dotted_path
 from .recorded import Recorded
 from .registry import Consumer
@@ -758,7 +759,7 @@ def _keep(row: InboxMessage, alias: str) -> Tally:
         with transaction.atomic(using=alias):
             row.save(using=alias, force_insert=True)
     except IntegrityError as exc:
-        if violated_constraint(exc, InboxMessage) == UNIQUE:
+        if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
             return Tally(duplicates=1)
         raise
     _log_kept([row])
@@ -808,7 +809,7 @@ def _first(
                 raise failure
             callbacks = _run(consumer, context, alias)
     except IntegrityError as exc:
-        if violated_constraint(exc, InboxMessage) == UNIQUE:
+        if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
             return Tally(duplicates=1)
         return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
     except Exception as exc:

@@ -10,7 +10,8 @@ JSON, and both are copied onto existing deliveries.
 from django.db import migrations, models
 
 import outbox_app.store.db
-from outbox_app.store.db import copy_to_deliveries, json_bytes, number_positions
+from outbox_app.store.db import copy_to_deliveries, number_positions
+from outbox_app.store.sql import dialect_of
 
 
 def fill(apps, schema_editor):
@@ -18,7 +19,7 @@ def fill(apps, schema_editor):
     deliveries = apps.get_model("outbox_app", "Notification")
     number_positions(schema_editor, events)
     table = schema_editor.quote_name(events._meta.db_table)
-    size = json_bytes(schema_editor.connection.vendor, "payload")
+    size = dialect_of(schema_editor.connection).json_bytes("payload")
     schema_editor.execute(f"UPDATE {table} SET payload_bytes = {size}", params=None)
     copy_to_deliveries(schema_editor, events, deliveries, ["position", "payload_bytes"])
 

@@ -17,6 +17,7 @@ from django.db.migrations.operations.base import Operation
 from django.db.models import Q
 
 import outbox_app.store.db
+from outbox_app.store.sql import dialect_of
 
 
 class RenameUniqueConstraint(Operation):
@@ -63,15 +64,11 @@ class RenameUniqueConstraint(Operation):
 
     def _rename(self, app_label, schema_editor, to_state, old, new):
         model = to_state.apps.get_model(app_label, self.model_name)
-        vendor = schema_editor.connection.vendor
-        q = schema_editor.quote_name
-        if vendor == "postgresql":
-            schema_editor.execute(f"ALTER INDEX {q(old)} RENAME TO {q(new)}")
-        elif vendor == "mysql":
-            table = q(model._meta.db_table)
-            schema_editor.execute(
-                f"ALTER TABLE {table} RENAME INDEX {q(old)} TO {q(new)}"
-            )
+        renamed = dialect_of(schema_editor.connection).rename_index(
+            model._meta.db_table, old, new
+        )
+        if renamed is not None:
+            schema_editor.execute(renamed)
         else:
             (constraint,) = [c for c in model._meta.constraints if c.name == new]
             schema_editor.add_constraint(model, constraint)  # rebuilds the table

@@ -36,8 +36,8 @@ from ..exceptions import (
     OutboxRequiresActiveTransaction,
 )
 from ..execution import tracing
-from ..store.db import PRIMARY_KEY, dialect, violated_constraint
 from ..store.models import AGGREGATE_VERSION_UNIQUE, OutboxEvent, new_event_id
+from ..store.sql import PRIMARY_KEY, dialect
 
 logger = logging.getLogger("outbox_app.publishing.outbox")
 
@@ -467,7 +467,7 @@ def _insert(
         with connection.cursor() as cursor:
             cursor.execute(_insert_sql(alias, len(rows), action, extra), params)
     except IntegrityError as exc:
-        violated = violated_constraint(exc, OutboxEvent)
+        violated = dialect(alias).violated_constraint(exc, OutboxEvent)
         if violated == AGGREGATE_VERSION_UNIQUE:
             raise DuplicateAggregateVersion(
                 f"aggregate {rows[0].aggregate_type}:{rows[0].aggregate_id} already "
@@ -535,7 +535,7 @@ def _columns(
 def _insert_sql(alias: str, count: int, action: bool, extra: bool) -> str:
     """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached;
     positions in the statement where the database wants them there
-    (:meth:`~outbox_app.store.db.Dialect.positions`)."""
+    (:meth:`~outbox_app.store.sql.base.Dialect.positions`)."""
     quote = connections[alias].ops.quote_name
     table = quote(OutboxEvent._meta.db_table)
     names = [quote(f.column) for f, _ in _columns(alias, action, extra)]

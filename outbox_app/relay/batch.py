@@ -25,8 +25,8 @@ from django.db import connections
 
 from ..conf import outbox_settings
 from ..store.clock import database_now
-from ..store.db import is_single_writer
 from ..store.gateway import Gateway, Lease
+from ..store.sql import dialect
 from ..subscribers import DeliveryContext, Subscriber
 from .outcomes import RelayReport
 
@@ -228,7 +228,7 @@ class Sidecar:
         self.using = using
         self.name = name
         self.enabled = not (
-            is_single_writer(using) or connections[using].in_atomic_block
+            dialect(using).single_writer or connections[using].in_atomic_block
         )
         self._executor: ThreadPoolExecutor | None = None
 

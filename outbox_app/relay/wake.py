@@ -10,6 +10,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..store.sql import dialect
+
 logger = logging.getLogger("outbox_app.relay")
 
 #: PostgreSQL channel relays LISTEN on; publishers NOTIFY it after commit.
@@ -23,10 +25,9 @@ def notify_relays(alias: str) -> None:
     it can only arrive after the commit). Other databases have no such channel:
     relays there poll, adaptively (docs/relay.md).
     """
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
+    if not dialect(alias).notifies:
         return
-    with connection.cursor() as cursor:
+    with connections[alias].cursor() as cursor:
         cursor.execute(f"NOTIFY {CHANNEL}")
 
 
@@ -67,9 +68,9 @@ class Listener:
             django.db.OperationalError-like driver errors when the database is
             unreachable; the caller retries.
         """
-        connection = connections[self.alias]
-        if connection.vendor != "postgresql" or self._pg is not None:
+        if not dialect(self.alias).notifies or self._pg is not None:
             return
+        connection = connections[self.alias]
         raw = connection.Database.connect(**connection.get_connection_params())
         raw.autocommit = True
         raw.execute(f"LISTEN {CHANNEL}")

@@ -25,7 +25,7 @@ from ..conf import outbox_settings
 from ..exceptions import RelayAlreadyRunning
 from ..execution.retry import RECONNECT
 from ..publishing.outbox import events_committed
-from ..store.db import is_single_writer
+from ..store.sql import dialect
 from . import RelayReport, relay_once
 from .registry import Kind, close_publishers, subscribers
 from .wake import Listener
@@ -245,7 +245,7 @@ def single_relay_guard(alias: str) -> Iterator[None]:
     Raises:
         RelayAlreadyRunning: another process holds the lock for this file.
     """
-    if not is_single_writer(alias):
+    if not dialect(alias).single_writer:
         yield
         return
     name = str(connections[alias].settings_dict["NAME"])

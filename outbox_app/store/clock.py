@@ -15,7 +15,7 @@ from django.db import DatabaseError, connections, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .db import dialect
+from .sql import dialect
 
 logger = logging.getLogger("outbox_app.relay")
 

@@ -85,8 +85,7 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
     subqueries by themselves."""
     from django.db import connection
 
-    from outbox_app.store.db import dialect
-    from outbox_app.store.gateway import _statements
+    from outbox_app.store.sql import dialect
 
     vendor = connection.vendor
     # MariaDB weighs a full scan of a few rows against an index on statistics
@@ -100,7 +99,7 @@ def test_an_ordered_claim_probes_each_candidate_by_index():
                 publish(Step(position=position), aggregate=("shop.Cart", str(cart)))
     fan_out(subscribers=[ORDERED])
     # The claim's statement: the candidates, and the byte budget around them.
-    candidates = _statements("default", vendor).claim_ids(1, True, 1)
+    candidates = dialect("default").claim_ids(1, True, 1)
     now = dialect("default").datetime_param(timezone.now())
     explain = "EXPLAIN QUERY PLAN" if vendor == "sqlite" else "EXPLAIN"
     with connection.cursor() as cursor:

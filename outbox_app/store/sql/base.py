@@ -1,0 +1,583 @@
+"""The statements every database shares, and the hooks where databases differ.
+
+:class:`Dialect` builds the text of the relay's statements (fan-out, claim,
+renew, outcomes), converts values across the DB-API, reads the drivers'
+errors and shapes the schema's database-specific parts (partial indexes,
+position numbering). Each database's subclass (``postgresql.py``,
+``mysql.py``, ``sqlite.py``) sets its flags and overrides what it does
+differently; nothing outside this package asks which database it is on.
+
+Texts are built once per process and database, each variant by list length
+on first use, and kept (``functools.cache`` per instance).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connections, models
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ...events.codec import loads
+from ...subscribers import WILDCARD
+from ..lifecycle import CLAIMABLE, UNFINISHED, State
+
+if TYPE_CHECKING:
+    from ..db import FilteredIndex
+
+#: The event columns a delivery reads (DeliveryContext), in its order.
+EVENT_COLUMNS = (
+    "id",
+    "namespace",
+    "event_type",
+    "revision",
+    "payload",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "headers",
+    "tenant_id",
+    "action_id",
+    "occurred_at",
+    "deliver_at",
+    "expires_at",
+    "operation",
+    "payload_bytes",
+)
+
+#: The event columns fan-out copies onto each delivery (a batch of events
+#: awaiting fan-out is read with these, unless it is claimed at once).
+COPIED_COLUMNS = [
+    "id",
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "tenant_id",
+    "deliver_at",
+    "position",
+    "payload_bytes",
+]
+
+#: The delivery columns fan-out inserts, in the order of its values.
+DELIVERY_COLUMNS = (
+    "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
+    "aggregate_version, tenant_id, deliver_at, position, payload_bytes, "
+    "state, attempts, next_retry_at, locked_until, locked_by, lease_token, "
+    "last_error, last_error_type, last_traceback, created_at, updated_at"
+)
+
+#: A subscription (``s``) of an event of the batch (``b``): its type, or every type.
+SUBSCRIBED = f"s.event_type = '{WILDCARD}' OR s.event_type = b.event_type"
+
+#: What a claim sets on each row it takes. Parameters: the lease token, the
+#: worker, the lease's expiry twice, now.
+CLAIM_ASSIGN = (
+    f"state = '{State.RUNNING}', attempts = attempts + 1, lease_token = %s, "
+    "locked_by = %s, locked_until = %s, next_retry_at = %s, updated_at = %s"
+)
+
+#: What :meth:`Dialect.violated_constraint` returns for a primary key.
+PRIMARY_KEY = "primary key"
+
+
+def _states(states: Sequence[str]) -> str:
+    """An SQL list of state names, in the order the partial indexes spell them
+    (SQLite uses a partial index only for a condition written the same way)."""
+    return ", ".join(f"'{state}'" for state in states)
+
+
+class Dialect:
+    """What outbox_app's own SQL needs to know about one database (alias
+    ``alias``): its capabilities, the text of the relay's statements, how
+    values cross the DB-API and how its driver reports errors.
+
+    Attributes (set by each database's subclass):
+        vendor: ``connection.vendor``.
+        update_returning: ``UPDATE ... RETURNING`` (PostgreSQL; SQLite 3.35+,
+            whose RETURNING may hold scalar subqueries but not a join).
+        writable_cte: data-modifying statements in ``WITH`` (PostgreSQL): a
+            claim and its read, or a fan-out batch's lock, insert and flip,
+            are one statement.
+        array_parameter: one list parameter for ``= ANY(%s)`` (PostgreSQL);
+            elsewhere a list is spelled ``IN (%s, %s, ...)``.
+        probe_fence: appended to a correlated ``NOT EXISTS`` subquery so it
+            runs as a probe per outer row, by index (PostgreSQL: ``OFFSET 0``
+            keeps the planner from turning it into an anti-join, whose plan
+            depends on statistics; see :meth:`_candidates`).
+        clock_sql: a query of the database server's clock, UTC (PostgreSQL's
+            ``clock_timestamp()``, the time it runs even inside a
+            transaction; MySQL/MariaDB's ``UTC_TIMESTAMP(6)``); None for
+            SQLite, an embedded database whose clock is the process's own.
+        single_writer: one relay process per database (SQLite's file: one
+            writer at a time, no row locks to skip).
+        notifies: ``LISTEN``/``NOTIFY`` (PostgreSQL): a committed publish
+            wakes relays in other processes at once; elsewhere they poll.
+        insert_ignore: the words before and after an INSERT that skips rows
+            breaking a unique constraint.
+    """
+
+    vendor: str = ""
+    update_returning = False
+    writable_cte = False
+    array_parameter = False
+    probe_fence = ""
+    clock_sql: str | None = None
+    single_writer = False
+    notifies = False
+    insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
+
+    def __init__(self, alias: str):
+        # Imported here: the models import FilteredIndex from store.db, which
+        # imports this package.
+        from ..models import Delivery, OutboxEvent, Subscription
+
+        self.alias = alias
+        self.quote_char = connections[alias].ops.quote_name("x")[0]
+        self.n = self.quote(Delivery._meta.db_table)
+        self.e = self.quote(OutboxEvent._meta.db_table)
+        self.s = self.quote(Subscription._meta.db_table)
+        self.claimable = _states(CLAIMABLE)
+        self.unfinished = _states(UNFINISHED)
+        # The partial index spells it NOT "fanned_out" (SQLite matches the text).
+        self.awaiting_fanout = "NOT e.fanned_out"
+        self.fail = (
+            f"UPDATE {self.n} SET state = %s, last_error = %s, last_error_type = %s, "
+            "last_traceback = %s, first_failed_at = COALESCE(first_failed_at, %s), "
+            "next_retry_at = COALESCE(%s, next_retry_at), completed_at = %s, "
+            "locked_until = NULL, lease_token = NULL, updated_at = %s "
+            f"WHERE id = %s AND lease_token = %s AND state = '{State.RUNNING}'"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.alias!r}>"
+
+    # --- capabilities Django's features name (read on first use: MySQL's need
+    # --- the server's version, a connection)
+
+    @functools.cached_property
+    def skip_locked(self) -> bool:
+        """``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8,
+        MariaDB 10.6+); SQLite serialises its writers instead."""
+        return connections[self.alias].features.has_select_for_update_skip_locked
+
+    @functools.cached_property
+    def lock_of(self) -> bool:
+        """``FOR UPDATE OF <table>`` (PostgreSQL, MySQL 8)."""
+        return connections[self.alias].features.has_select_for_update_of
+
+    @functools.cached_property
+    def native_uuid(self) -> bool:
+        """UUIDs cross as ``uuid.UUID``; elsewhere as 32 hex digits."""
+        return connections[self.alias].features.has_native_uuid_field
+
+    # --- values across the DB-API ------------------------------------------------
+
+    def quote(self, name: str) -> str:
+        return f"{self.quote_char}{name}{self.quote_char}"
+
+    def in_list(self, column: str, count: int) -> str:
+        """``column`` is one of a list of ``count`` parameters."""
+        if self.array_parameter:
+            return f"{column} = ANY(%s)"
+        return f"{column} IN ({', '.join(['%s'] * count)})"
+
+    def list_params(self, values: list) -> list:
+        """The parameters :meth:`in_list` expects for ``values``."""
+        return [list(values)] if self.array_parameter else list(values)
+
+    def uuid_param(self, value: uuid.UUID | None) -> Any:
+        if value is None or self.native_uuid:
+            return value
+        return value.hex
+
+    def uuid_value(self, value: Any) -> uuid.UUID | None:
+        if value is None or isinstance(value, uuid.UUID):
+            return value
+        return uuid.UUID(value)
+
+    def datetime_param(self, value: datetime.datetime) -> Any:
+        """As ``DateTimeField`` stores it (Django's own adaptation: aware on
+        PostgreSQL, naive text in the connection's time zone elsewhere)."""
+        return connections[self.alias].ops.adapt_datetimefield_value(value)
+
+    def datetime_value(self, value: Any) -> datetime.datetime | None:
+        """A datetime read back: aware in the connection's time zone, as
+        ``DateTimeField`` reads it (SQLite returns expressions as text)."""
+        if isinstance(value, str):
+            value = parse_datetime(value)
+        if value is not None and settings.USE_TZ and timezone.is_naive(value):
+            value = timezone.make_aware(value, connections[self.alias].timezone)
+        return value
+
+    @staticmethod
+    def json_value(value: Any) -> Any:
+        """A JSON column's value: the drivers return its text (Django registers
+        PostgreSQL's jsonb loader as text, as ``JSONField`` expects)."""
+        if isinstance(value, bytes):
+            value = value.decode()
+        return loads(value) if isinstance(value, str) else value
+
+    # --- publish's INSERT and the schema -------------------------------------------
+
+    def positions(self, table: str, count: int) -> list[str] | None:
+        """SQL for the ``position`` of each of ``count`` rows one INSERT
+        writes into ``table`` (quoted), in order, where the INSERT is to give
+        it; None where the database numbers them (see
+        :meth:`position_numbering`)."""
+        return None
+
+    def position_numbering(self, table: str) -> list[str]:
+        """The statements that have the database number the ``position`` of
+        each row inserted into ``table`` (unquoted) without one (left out, or
+        NULL) after every number given so far, whoever inserts it."""
+        raise NotImplementedError
+
+    def update_from(self, table: str, source: str, on: str, columns) -> str:
+        """``UPDATE table t`` setting each of ``columns`` to the same column of
+        the rows of ``source`` (aliased ``o``) matched by ``on``: ``UPDATE ...
+        FROM`` (PostgreSQL, SQLite 3.33+)."""
+        assign = ", ".join(f"{c} = o.{c}" for c in columns)
+        return f"UPDATE {table} AS t SET {assign} FROM {source} AS o WHERE {on}"
+
+    def json_bytes(self, column: str) -> str:
+        """SQL for the length in bytes of the JSON text stored in ``column``
+        (0 for NULL)."""
+        return f"COALESCE(length(CAST({column} AS BLOB)), 0)"
+
+    def filtered_index(self, index: FilteredIndex) -> models.Index:
+        """The index ``index`` creates here: a partial index (PostgreSQL,
+        SQLite)."""
+        return models.Index(fields=index.fields, name=index.name, condition=index.when)
+
+    def rename_index(self, table: str, old: str, new: str) -> str | None:
+        """SQL renaming index (or unique constraint) ``old`` of ``table`` (both
+        unquoted) to ``new``, or None where the name lives only in the
+        table's SQL (SQLite: the table is rebuilt)."""
+        return None
+
+    # --- the driver's errors -----------------------------------------------------
+
+    def violated_constraint(
+        self, error: Exception, model: type[models.Model]
+    ) -> str | None:
+        """The unique constraint of ``model`` that ``error`` (an
+        ``IntegrityError`` from an INSERT into its table) reports: the name of
+        one of its ``Meta.constraints``, :data:`PRIMARY_KEY`, or None for
+        anything else (a constraint or index of the project's own, a NOT NULL,
+        a check).
+
+        Read from what the driver says of the constraint, never from words of
+        the message a value could contain."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _unique(model: type[models.Model]) -> dict[str, tuple[str, ...]]:
+        """The columns of each named unique constraint of ``model``."""
+        return {
+            c.name: tuple(model._meta.get_field(f).column for f in c.fields)
+            for c in model._meta.constraints
+            if isinstance(c, models.UniqueConstraint) and c.fields
+        }
+
+    def deadlocked(self, error: Exception) -> bool:
+        """Whether the database broke a deadlock by rolling back the
+        transaction that raised ``error`` (a ``DatabaseError``). Such a victim
+        is meant to run again."""
+        return False
+
+    def transaction_aborted(self, connection) -> bool:
+        """Whether the database aborted ``connection``'s (a Django connection)
+        open transaction after an error that was caught with no savepoint
+        around it, so that its COMMIT would roll back; read from the
+        connection's state, no round trip. False where the database undoes
+        the failed statement alone."""
+        return False
+
+    # --- the relay's statements --------------------------------------------------
+
+    def _held(self, count: int) -> str:
+        """Rows of an id list still held under a lease token (the fence every
+        outcome passes)."""
+        return (
+            f"{self.in_list('id', count)} AND lease_token = %s "
+            f"AND state = '{State.RUNNING}'"
+        )
+
+    def _read(self, where: str) -> str:
+        """Claimed deliveries (``c``) with the event columns a delivery
+        reads, in delivery id order."""
+        columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        return (
+            f"SELECT c.id, c.attempts, c.subscriber, {columns} FROM {self.n} c "
+            f"JOIN {self.e} e ON e.id = c.event_id WHERE {where} ORDER BY c.id"
+        )
+
+    # -- fan-out
+
+    def _awaiting(self, type_count: int | None, paged: bool) -> list[str]:
+        """The conditions of events (``e``) awaiting fan-out: of ``type_count``
+        types (parameters; None: every type), after an id (a parameter) when
+        ``paged``."""
+        where = [self.awaiting_fanout, "e.event_type IS NOT NULL"]
+        if type_count is not None:
+            where.append(f"e.event_type IN ({', '.join(['%s'] * type_count)})")
+        if paged:
+            where.append("e.id > %s")
+        return where
+
+    def _batch(
+        self, where: list[str], columns: Sequence[str], claiming: bool, lock: str
+    ) -> str:
+        """A fan-out batch: the first events of ``where`` in id order (a limit
+        parameter), ``columns`` read, ``lock`` appended; when ``claiming``,
+        only the first within the claim's budget."""
+        select = (
+            f"SELECT {', '.join(f'e.{c}' for c in columns)} FROM {self.e} e "
+            f"WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %s" + lock
+        )
+        if claiming:
+            # What the claim may hold: the first events within its budget.
+            select = self._within_budget(select, columns, "id")
+        return select
+
+    def _subscriptions(self, claiming: bool) -> str:
+        """(name, event type or * for every type[, claimed 1/0]) per active
+        subscription, read where the deliveries are written."""
+        claimed = (
+            ", CASE WHEN subscriber = %s THEN 1 ELSE 0 END AS claimed"
+            if claiming
+            else ""
+        )
+        return (
+            f"SELECT subscriber AS name, event_type{claimed} FROM {self.s} "
+            "WHERE retired_at IS NULL"
+        )
+
+    @staticmethod
+    def _delivery_values(claiming: bool) -> str:
+        """The values of :data:`DELIVERY_COLUMNS` for an event of the batch
+        (``b``) and a subscription (``s``)."""
+        copied = (
+            "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
+            "b.aggregate_version, b.tenant_id, b.deliver_at, b.position, "
+            "b.payload_bytes"
+        )
+        # A scheduled event's rows are due at its deliver_at (publish() stores
+        # only times still ahead), so the claim's index orders them by it; they
+        # are never claimed here, as they are created.
+        due = "COALESCE(b.deliver_at, %s)"
+        if claiming:
+            mine = "CASE WHEN s.claimed = 1 AND b.deliver_at IS NULL THEN"
+            return (
+                f"{copied}, {mine} '{State.RUNNING}' ELSE '{State.PENDING}' END, "
+                f"{mine} 1 ELSE 0 END, {mine} %s ELSE {due} END, {mine} %s END, "
+                f"{mine} %s ELSE '' END, {mine} %s END, '', '', '', %s, %s"
+            )
+        return (
+            f"{copied}, '{State.PENDING}', 0, {due}, NULL, '', NULL, '', '', '', %s, %s"
+        )
+
+    @functools.cache  # noqa: B019 (one instance per database, kept for the process)
+    def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
+        """A fan-out step as statements of one transaction:
+        ``(find, lock or None, insert(count), flip(count), read(count))``.
+
+        Parameters: the find's; the lock's: the find's filters, the last id
+        chosen and how many; the insert's values, subscriptions, ids; the
+        flip's ids; the read's ids, name and token (see ``Gateway.fan_out``).
+        """
+        n, e = self.n, self.e
+        where = self._awaiting(type_count, paged)
+        lock = " FOR UPDATE SKIP LOCKED" if self.skip_locked else ""
+        # MySQL/MariaDB read a row whole, off-page payload included, to lock
+        # it (InnoDB's exclusive locking reads): a claiming batch is chosen
+        # without locks, within its budget, and only those events are locked.
+        lock_later = claiming and bool(lock)
+        select = self._batch(
+            where, COPIED_COLUMNS, claiming, "" if lock_later else lock
+        )
+        pairs = self._subscriptions(claiming)
+        values = self._delivery_values(claiming)
+        ignore_prefix, ignore_suffix = self.insert_ignore
+
+        @functools.cache
+        def insert(count: int) -> str:
+            return (
+                f"{ignore_prefix} {n} ({DELIVERY_COLUMNS}) SELECT {values} FROM {e} b "
+                f"JOIN ({pairs}) s ON {SUBSCRIBED} WHERE {self.in_list('b.id', count)} "
+                f"ORDER BY b.id{ignore_suffix}"
+            )
+
+        @functools.cache
+        def flip(count: int) -> str:
+            # Only the events that have a delivery now: one whose every
+            # subscription was retired before the insert read them keeps
+            # waiting for fan-out.
+            return (
+                f"UPDATE {e} SET fanned_out = 1 WHERE {self.in_list('id', count)} "
+                f"AND EXISTS (SELECT 1 FROM {n} x WHERE x.event_id = {e}.id)"
+            )
+
+        @functools.cache
+        def read(count: int) -> str:
+            return self._read(
+                f"{self.in_list('c.event_id', count)} AND c.subscriber = %s "
+                "AND c.lease_token = %s"
+            )
+
+        # The chosen events (up to the last one chosen, as many), locked,
+        # skipping those another relay holds: the find's scan, bounded.
+        locked = (
+            f"SELECT e.id FROM {e} e WHERE {' AND '.join(where)} AND e.id <= %s "
+            f"ORDER BY e.id LIMIT %s{lock}"
+        )
+        return select, locked if lock_later else None, insert, flip, read
+
+    # -- claims
+
+    def _within_budget(self, rows: str, columns: Sequence[str], order: str) -> str:
+        """The first rows of ``rows`` (a SELECT of ``columns``, ``payload_bytes``
+        and the columns of ``order``, locked where the database locks) in
+        ``order`` whose payloads add up to at most a budget in bytes (the
+        first parameter after ``rows``'s), and at least as many rows as the
+        second one says (1: a payload over the budget goes alone; 0: none).
+        The running sum is taken outside the locking SELECT (PostgreSQL
+        refuses window functions beside ``FOR UPDATE``); the few rows locked
+        past the budget are left as they were."""
+        names = ", ".join(columns)
+        return (
+            f"SELECT {names} FROM (SELECT {names}, SUM(payload_bytes) OVER "
+            f"(ORDER BY {order} ROWS UNBOUNDED PRECEDING) AS running, "
+            f"ROW_NUMBER() OVER (ORDER BY {order}) AS n FROM ({rows}) k) w "
+            "WHERE w.running <= %s OR w.n <= %s"
+        )
+
+    def _candidates(self, names: int, ordered: bool, types: int | None) -> str:
+        """Due rows of a subscriber's names, in claim order, locked skipping the
+        rows another relay holds: ``id, next_retry_at, payload_bytes``."""
+        n, e = self.n, self.e
+        where = [
+            f"c.subscriber IN ({', '.join(['%s'] * names)})",
+            f"c.state IN ({self.claimable})",
+            "c.next_retry_at <= %s",
+        ]
+        if ordered:
+            # Publish order: positions are numbered by the database on insert,
+            # so any two events of an aggregate compare (event ids come from
+            # several hosts' clocks; versions may be missing).
+            earlier = "{x}.position < c.position"
+            # Each candidate, in claim order, is probed by index until the
+            # batch is full (the fence). As anti-joins, PostgreSQL's plans
+            # swung with the statistics: on never-analyzed tables a nested
+            # loop rescanning every unfinished row per candidate (56 s per
+            # claim at 7,780 rows), on analyzed ones 16x slower than the
+            # probes at 100,000 rows (bench/RESULTS.md, "Ordered claims").
+            fence = self.probe_fence
+            where.append(
+                f"NOT EXISTS (SELECT 1 FROM {n} u WHERE u.subscriber = c.subscriber "
+                "AND u.aggregate_type = c.aggregate_type "
+                "AND u.aggregate_id = c.aggregate_id "
+                f"AND u.state IN ({self.unfinished}) "
+                f"AND {earlier.format(x='u')}{fence})"
+            )
+            waiting = [
+                self.awaiting_fanout,
+                "e.event_type IS NOT NULL",
+                "e.aggregate_type = c.aggregate_type",
+                "e.aggregate_id = c.aggregate_id",
+            ]
+            if types is not None:
+                waiting.append(f"e.event_type IN ({', '.join(['%s'] * types)})")
+            where.append(
+                f"NOT EXISTS (SELECT 1 FROM {e} e WHERE {' AND '.join(waiting)} "
+                f"AND {earlier.format(x='e')}{fence})"
+            )
+        lock = ""
+        if self.skip_locked:
+            lock = (
+                " FOR UPDATE OF c SKIP LOCKED"
+                if self.lock_of
+                else " FOR UPDATE SKIP LOCKED"
+            )
+        return (
+            f"SELECT c.id, c.next_retry_at, c.payload_bytes FROM {n} c "
+            f"WHERE {' AND '.join(where)} "
+            f"ORDER BY c.next_retry_at, c.id LIMIT %s{lock}"
+        )
+
+    def claim_ids(self, names: int, ordered: bool, types: int | None) -> str:
+        """The ids a claim takes: its candidates within the byte budget.
+        Parameters: the candidates', then the budget in bytes and 1."""
+        return self._within_budget(
+            self._candidates(names, ordered, types), ["id"], "next_retry_at, id"
+        )
+
+    def claim(self, names: int, ordered: bool, types: int | None):
+        """The claim of up to a limit of due rows of ``names`` names (``ordered``:
+        each aggregate's head only, ``types`` event types awaiting fan-out
+        holding it back, None: every type): one statement, or the statements
+        of one transaction, as each database's subclass says. Parameters: the
+        lease's, then the candidates', then the byte budget and 1 (at least
+        one row)."""
+        raise NotImplementedError
+
+    @functools.cache  # noqa: B019
+    def mark(self, count: int) -> str:
+        """Claim the rows of a list of ``count`` ids (:data:`CLAIM_ASSIGN`'s
+        parameters, then the ids)."""
+        return f"UPDATE {self.n} SET {CLAIM_ASSIGN} WHERE {self.in_list('id', count)}"
+
+    @functools.cache  # noqa: B019
+    def read_claimed(self, count: int) -> str:
+        """Read what delivering the claimed rows of a list of ``count`` ids needs."""
+        return self._read(self.in_list("c.id", count))
+
+    # -- outcomes
+
+    @functools.cache  # noqa: B019
+    def renew(self, count: int, returning: bool) -> str:
+        return (
+            f"UPDATE {self.n} SET locked_until = %s, next_retry_at = %s, "
+            f"updated_at = %s WHERE {self._held(count)}"
+            + (" RETURNING id" if returning else "")
+        )
+
+    @functools.cache  # noqa: B019
+    def held(self, count: int) -> str:
+        return f"SELECT id FROM {self.n} WHERE {self._held(count)}"
+
+    @functools.cache  # noqa: B019
+    def succeed(self, count: int) -> str:
+        return (
+            f"UPDATE {self.n} SET state = '{State.SUCCEEDED}', completed_at = %s, "
+            "locked_until = NULL, lease_token = NULL, updated_at = %s "
+            f"WHERE {self._held(count)}"
+        )
+
+    @functools.cache  # noqa: B019
+    def lapse(self, count: int) -> str:
+        return (
+            f"UPDATE {self.n} SET state = '{State.SKIPPED}', "
+            "attempts = attempts - 1, last_error = %s, last_error_type = %s, "
+            "last_traceback = '', completed_at = %s, locked_until = NULL, "
+            f"lease_token = NULL, updated_at = %s WHERE {self._held(count)}"
+        )
+
+    @functools.cache  # noqa: B019
+    def release(self, count: int) -> str:
+        # A row with a failed attempt before this claim goes back to FAILED
+        # (the SET expressions read the values before the update).
+        return (
+            f"UPDATE {self.n} SET state = CASE WHEN attempts > 1 "
+            f"THEN '{State.FAILED}' ELSE '{State.PENDING}' END, "
+            "attempts = attempts - 1, next_retry_at = %s, locked_until = NULL, "
+            "lease_token = NULL, locked_by = '', updated_at = %s "
+            f"WHERE {self._held(count)}"
+        )

@@ -1,0 +1,156 @@
+"""PostgreSQL: one statement per relay step (writable CTEs), ``= ANY(%s)``
+lists, ``LISTEN``/``NOTIFY``, positions from a sequence, and psycopg's
+diagnostics."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.db import models
+
+from ..lifecycle import State
+from .base import (
+    CLAIM_ASSIGN,
+    COPIED_COLUMNS,
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    PRIMARY_KEY,
+    SUBSCRIBED,
+    Dialect,
+)
+
+#: libpq's ``PQTRANS_INERROR`` (psycopg and psycopg2 alike): the transaction
+#: met an error and can only roll back.
+_PQ_TRANS_INERROR = 3
+
+
+class PostgreSQLDialect(Dialect):
+    vendor = "postgresql"
+    update_returning = True
+    writable_cte = True
+    array_parameter = True
+    probe_fence = " OFFSET 0"
+    clock_sql = "SELECT clock_timestamp()"
+    notifies = True
+
+    # --- the schema ----------------------------------------------------------------
+
+    def position_numbering(self, table: str) -> list[str]:
+        """A sequence as the column's default, and a trigger for an explicit
+        NULL (the ORM writes every column)."""
+        t, seq, trigger = (
+            self.quote(table),
+            f"{table}_position_seq",
+            self.quote(f"{table}_position"),
+        )
+        return [
+            f"CREATE SEQUENCE IF NOT EXISTS {self.quote(seq)} OWNED BY {t}.position",
+            f"SELECT setval('{seq}', COALESCE(MAX(position), 0) + 1, false) FROM {t}",
+            f"ALTER TABLE {t} ALTER COLUMN position SET DEFAULT nextval('{seq}')",
+            f"CREATE OR REPLACE FUNCTION {trigger}() RETURNS trigger "
+            f"LANGUAGE plpgsql AS $$ BEGIN NEW.position := nextval('{seq}'); "
+            "RETURN NEW; END $$",
+            f"DROP TRIGGER IF EXISTS {trigger} ON {t}",
+            f"CREATE TRIGGER {trigger} BEFORE INSERT ON {t} FOR EACH ROW "
+            f"WHEN (NEW.position IS NULL) EXECUTE FUNCTION {trigger}()",
+        ]
+
+    def json_bytes(self, column: str) -> str:
+        return f"COALESCE(octet_length({column}::text), 0)"
+
+    def rename_index(self, table: str, old: str, new: str) -> str | None:
+        """A unique constraint is renamed with its index."""
+        return f"ALTER INDEX {self.quote(old)} RENAME TO {self.quote(new)}"
+
+    # --- the driver's errors -----------------------------------------------------
+
+    def violated_constraint(
+        self, error: Exception, model: type[models.Model]
+    ) -> str | None:
+        """psycopg's ``diag.constraint_name`` (PostgreSQL names a primary key
+        ``<table>_pkey``)."""
+        cause = error.__cause__ or error
+        diag = getattr(cause, "diag", None)
+        if diag is None:
+            return None
+        name = diag.constraint_name
+        if name == f"{model._meta.db_table}_pkey":
+            return PRIMARY_KEY
+        return name if name in self._unique(model) else None
+
+    def deadlocked(self, error: Exception) -> bool:
+        """SQLSTATE ``40P01`` (psycopg's ``sqlstate``, psycopg2's ``pgcode``)."""
+        cause = error.__cause__ or error
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return code == "40P01"
+
+    def transaction_aborted(self, connection) -> bool:
+        """PostgreSQL aborts a transaction at its first error: its COMMIT then
+        rolls back without an error. Read from libpq's transaction status."""
+        raw = connection.connection
+        if raw is None:
+            return False
+        pgconn: Any = getattr(raw, "pgconn", None)  # psycopg 3; psycopg2 has info
+        status = (pgconn if pgconn is not None else raw.info).transaction_status
+        return int(status) == _PQ_TRANS_INERROR
+
+    # --- the relay's statements --------------------------------------------------
+
+    @functools.cache  # noqa: B019 (one instance per database, kept for the process)
+    def fan_out(self, type_count: int | None, paged: bool, claiming: bool) -> str:
+        """One statement: lock a batch of events awaiting fan-out (``SKIP
+        LOCKED``), insert their deliveries, flip the flag; when ``claiming``,
+        the lease's subscriber's deliveries are inserted claimed and read
+        with their event. Returns one row per event taken: its id, whether
+        it was flipped, then the claimed delivery's columns or NULLs."""
+        n, e = self.n, self.e
+        where = self._awaiting(type_count, paged)
+        columns = [*EVENT_COLUMNS, "position"] if claiming else COPIED_COLUMNS
+        select = self._batch(where, columns, claiming, " FOR UPDATE SKIP LOCKED")
+        pairs = self._subscriptions(claiming)
+        values = self._delivery_values(claiming)
+        # The events flipped are those the insert found a subscription for: s
+        # is read once, by the same snapshot as the insert.
+        created = (
+            f"created AS (INSERT INTO {n} ({DELIVERY_COLUMNS}) SELECT {values} "
+            f"FROM b JOIN s ON {SUBSCRIBED} ORDER BY b.id ON CONFLICT DO NOTHING"
+            + (
+                " RETURNING id, attempts, subscriber, event_id, state)"
+                if claiming
+                else ")"
+            )
+        )
+        statement = (
+            f"WITH b AS ({select}), s AS ({pairs}), "
+            f"flipped AS (UPDATE {e} SET fanned_out = TRUE "
+            f"WHERE id = ANY(ARRAY(SELECT b.id FROM b JOIN s ON {SUBSCRIBED})) "
+            f"RETURNING id), {created} "
+        )
+        matched = "b.id IN (SELECT id FROM flipped)"
+        if not claiming:
+            return statement + f"SELECT b.id, {matched} FROM b ORDER BY b.id"
+        event_columns = ", ".join(f"b.{c}" for c in EVENT_COLUMNS)
+        return (
+            statement + f"SELECT b.id, {matched}, c.id, c.attempts, c.subscriber, "
+            f"{event_columns} FROM b LEFT JOIN created c ON c.event_id = b.id "
+            f"AND c.state = '{State.RUNNING}' ORDER BY b.id"
+        )
+
+    @functools.cache  # noqa: B019
+    def claim(self, names: int, ordered: bool, types: int | None) -> str:
+        """One statement: the candidates locked (``FOR UPDATE OF c SKIP
+        LOCKED``), updated and read with their events (``UPDATE ...
+        RETURNING`` joined to the events)."""
+        candidates = self.claim_ids(names, ordered, types if ordered else None)
+        event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        # = ANY(ARRAY(...)): the candidates become one array, computed once,
+        # and the update finds its rows by primary key; as "IN (SELECT ...)"
+        # PostgreSQL may hash-join a sequential scan of the whole table.
+        return (
+            f"WITH c AS (UPDATE {self.n} SET {CLAIM_ASSIGN} "
+            f"WHERE id = ANY(ARRAY({candidates})) "
+            "RETURNING id, attempts, subscriber, event_id) "
+            f"SELECT c.id, c.attempts, c.subscriber, {event_columns} "
+            f"FROM c JOIN {self.e} e ON e.id = c.event_id ORDER BY c.id"
+        )
