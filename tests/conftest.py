@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-Services a test needs (brokers, the browser): a test that uses one of
+Services a test needs (brokers, the browser, promtool): a test that uses one of
 :data:`SERVICE_FIXTURES` or is marked ``services(...)`` needs them. On a bare
 machine, where one is not reachable, such tests are deselected at collection
 (the summary says which and why); with ``OUTBOX_REQUIRE_SERVICES=1`` (as
@@ -51,6 +51,11 @@ SERVICES = {
         "NATS",
         "127.0.0.1:4222 (nats-server -js)",
         lambda: port_open(("127.0.0.1", 4222)),
+    ),
+    "promtool": (
+        "promtool",
+        "on PATH (apt-get install prometheus)",
+        lambda: shutil.which("promtool") is not None,
     ),
     "chromium": (
         "chromium",

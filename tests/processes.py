@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -153,3 +154,21 @@ def kill_other_connections() -> int:
                 cursor.execute(f"KILL {int(pid)}")
             return len(ids)
     return 0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the system's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def loopback_only(port: int, timeout: float = 60) -> bool:
+    """Once something listens on 127.0.0.1:``port``: whether it listens on
+    that address alone. 127.0.0.2 is loopback too (Linux routes all of
+    127/8), so a server bound to every interface accepts it, and one bound
+    to 127.0.0.1 refuses it."""
+    from tests.conftest import port_open
+
+    wait_for(lambda: port_open(("127.0.0.1", port)), timeout, f"port {port}")
+    return not port_open(("127.0.0.2", port))

@@ -53,13 +53,16 @@ class CallMetrics:
     def __init__(self, process: str, label: str, callee: str, rows: str):
         self.process, self.label, self.callee, self.rows = process, label, callee, rows
 
-    def enable(self, port: int | None, addr: str = "0.0.0.0", registry=None) -> None:
+    def enable(self, port: int | None, addr: str = "127.0.0.1", registry=None) -> None:
         """Create the metrics and serve them on ``addr:port``.
 
         Args:
             port: where to serve them (prometheus-client's HTTP server, with
                 its process metrics); None: only create them (a caller that
                 reads ``registry`` itself).
+            addr: the address to bind: loopback by default (the server checks
+                no credentials); ``"0.0.0.0"`` or ``"::"`` for every
+                interface.
             registry: where to create them; default prometheus-client's
                 global one.
 

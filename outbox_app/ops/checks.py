@@ -186,3 +186,50 @@ def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
         for alias in connections
         if (found := DIALECTS.get(connections[alias].vendor)) and found.single_writer
     ]
+
+
+@checks.register("outbox", checks.Tags.security, deploy=True)
+def check_metrics_token(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Under ``check --deploy``: a routed metrics view has a token to check
+    (without one it answers every request outside DEBUG with 403)."""
+    if outbox_settings.raw("METRICS_TOKEN"):
+        return []
+    route = _metrics_route()
+    if route is None:
+        return []
+    return [
+        checks.Warning(
+            f"The outbox's metrics view is routed at {route!r} but "
+            "OUTBOX_METRICS_TOKEN is not set: it answers 403 to every request "
+            "while DEBUG is False, so Prometheus scrapes nothing.",
+            hint="Set OUTBOX_METRICS_TOKEN (16 characters or more) and scrape "
+            "with Authorization: Bearer <token>. See docs/operations.md#metrics.",
+            id="outbox.W006",
+        )
+    ]
+
+
+def _metrics_route() -> str | None:
+    """The first route of the project's URLconf whose view is
+    :func:`outbox_app.ops.metrics.metrics_view`, as written there (the
+    prefixes of its includes joined); None
+    when there is none or the URLconf cannot be loaded (Django's own checks
+    report that)."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    from .metrics import metrics_view
+
+    def walk(patterns, prefix: str) -> str | None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                found = walk(pattern.url_patterns, prefix + str(pattern.pattern))
+                if found is not None:
+                    return found
+            elif isinstance(pattern, URLPattern) and pattern.callback is metrics_view:
+                return prefix + str(pattern.pattern)
+        return None
+
+    try:
+        return walk(get_resolver().url_patterns, "")
+    except Exception:  # a URLconf that does not load: Django's checks report it
+        return None

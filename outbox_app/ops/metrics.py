@@ -6,8 +6,8 @@ the admin's overview never disagree. Exposed three ways:
 
 - :func:`metrics_view`, a Django view to route and protect as you like
   (docs/operations.md, "Metrics"): ``path("outbox/metrics", metrics_view)``;
-  with ``OUTBOX_METRICS_TOKEN`` set it also wants ``Authorization: Bearer
-  <token>``;
+  it wants ``Authorization: Bearer <OUTBOX_METRICS_TOKEN>``, and without
+  the setting answers 403 unless ``DEBUG`` is True;
 - ``python manage.py outbox_status --format prometheus``;
 - :func:`exposition` for anything else (a node-exporter textfile, a test).
 
@@ -41,6 +41,7 @@ import hmac
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from ..conf import outbox_settings
@@ -163,13 +164,23 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """The outbox's metrics for a Prometheus scrape (GET).
 
     With ``OUTBOX_METRICS_TOKEN`` set, a request without ``Authorization:
-    Bearer <that token>`` gets 403 (compared in constant time). Route it, and
-    restrict it further if you like (a network policy, a login decorator).
+    Bearer <that token>`` gets 403 (compared in constant time). Without it the
+    view is closed: 403 to every request, saying to set the token, unless
+    ``settings.DEBUG`` is True (a developer's machine). Route it, and restrict
+    it further if you like (a network policy, a login decorator).
     """
     token = outbox_settings.METRICS_TOKEN
     if token:
         sent = request.headers.get("Authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
             return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    elif not settings.DEBUG:
+        return HttpResponse(
+            "forbidden: set OUTBOX_METRICS_TOKEN to serve the outbox's metrics "
+            "(scrape with Authorization: Bearer <token>); without it they are "
+            "served only when DEBUG is True\n",
+            status=403,
+            content_type="text/plain",
+        )
     body, content_type = exposition()
     return HttpResponse(body, content_type=content_type)

@@ -21,7 +21,13 @@ from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import InboxState
 from tests.brokers.conftest import RABBITMQ, context
 from tests.brokers.proxy import TcpProxy
-from tests.processes import Watched, kill_other_connections, spawn, wait_for
+from tests.processes import (
+    Watched,
+    kill_other_connections,
+    loopback_only,
+    spawn,
+    wait_for,
+)
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -343,7 +349,7 @@ def test_poison_input_through_consume_is_parked_readably_and_the_rest_handled(
 def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
     """``consume --metrics-port``: messages by outcome and by error class per
     consumer, and the consumer calls' durations, read from the running
-    process."""
+    process, which listens on 127.0.0.1 only."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -388,6 +394,8 @@ def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
         )
 
     try:
+        # No --metrics-host: this machine only (the server checks no credentials).
+        assert loopback_only(port)
         for n in range(5):
             send(rabbitmq, unique, n)
         wait_for(counted, 60, "the outcomes counted")

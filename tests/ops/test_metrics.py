@@ -64,9 +64,16 @@ def test_prometheus_format_equals_the_json(outbox):
     assert ("outbox_publisher_paused", (("subscriber", "x"),)) not in found
 
 
-def test_view_serves_the_same_text(client, outbox):
+@pytest.fixture
+def token(settings) -> dict:
+    """``OUTBOX_METRICS_TOKEN`` set; the header that sends it."""
+    settings.OUTBOX_METRICS_TOKEN = TOKEN
+    return {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+
+
+def test_view_serves_the_same_text(client, outbox, token):
     with subscribed("OrderPlaced"):
-        response = client.get("/outbox/metrics")
+        response = client.get("/outbox/metrics", **token)
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=")
     found = samples(response.content.decode())
@@ -81,6 +88,49 @@ def test_view_wants_the_token_when_one_is_set(client, settings, outbox):
     assert client.get("/outbox/metrics", **wrong).status_code == 403
     right = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
     assert client.get("/outbox/metrics", **right).status_code == 200
+
+
+def test_view_without_a_token_is_closed_outside_debug(client, settings, outbox):
+    """No ``OUTBOX_METRICS_TOKEN``: 403 saying to set it, unless DEBUG."""
+    assert getattr(settings, "OUTBOX_METRICS_TOKEN", None) is None
+    assert not settings.DEBUG
+    response = client.get("/outbox/metrics")
+    assert response.status_code == 403
+    assert "set OUTBOX_METRICS_TOKEN" in response.content.decode()
+    settings.DEBUG = True
+    response = client.get("/outbox/metrics")
+    assert response.status_code == 200
+    key = ("outbox_deliveries", (("state", "dead"), ("subscriber", "ops.record")))
+    assert samples(response.content.decode())[key] == 1
+
+
+def test_a_routed_view_without_a_token_is_a_deploy_warning(settings):
+    """``check --deploy`` warns (W006) while the view is routed and no token is
+    set; plain ``check`` does not, nor with a token or without the route."""
+    from django.core import checks
+
+    def deploy_ids() -> list[str]:
+        return [
+            m.id
+            for m in checks.run_checks(include_deployment_checks=True)
+            if m.id.startswith("outbox.")
+        ]
+
+    assert getattr(settings, "OUTBOX_METRICS_TOKEN", None) is None
+    assert "outbox.W006" in deploy_ids()
+    [warning] = [
+        m
+        for m in checks.run_checks(include_deployment_checks=True)
+        if m.id == "outbox.W006"
+    ]
+    assert "'outbox/metrics'" in warning.msg
+    assert "OUTBOX_METRICS_TOKEN" in warning.msg
+    assert "outbox.W006" not in [m.id for m in checks.run_checks()]
+    settings.OUTBOX_METRICS_TOKEN = TOKEN
+    assert "outbox.W006" not in deploy_ids()
+    settings.OUTBOX_METRICS_TOKEN = None
+    settings.ROOT_URLCONF = "tests.ops.urls"
+    assert "outbox.W006" not in deploy_ids()
 
 
 def test_a_short_token_is_a_check_error(settings):

@@ -17,7 +17,14 @@ from django.db.models import Count
 
 from outbox_app import Delivery, publish
 from outbox_app.store.lifecycle import State
-from tests.processes import Watched, kill_other_connections, spawn, wait_for
+from tests.processes import (
+    Watched,
+    free_port,
+    kill_other_connections,
+    loopback_only,
+    spawn,
+    wait_for,
+)
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -199,6 +206,19 @@ def test_survives_losing_its_database_connection(vendor):
     assert code == 0, log.text()
     if vendor != "sqlite":
         assert log.has("relay database error"), log.text()
+
+
+def test_metrics_port_binds_loopback_unless_metrics_host_says_otherwise():
+    """The metrics server checks no credentials: ``--metrics-port`` alone
+    listens on 127.0.0.1 only; ``--metrics-host 0.0.0.0`` on every interface."""
+    for host, only in (((), True), (("--metrics-host", "0.0.0.0"), False)):
+        port = free_port()
+        relay = Watched(relay_process("--metrics-port", str(port), *host))
+        try:
+            assert loopback_only(port) is only, host
+        finally:
+            code = relay.stop()  # one at a time: SQLite allows one relay
+        assert code == 0, relay.text()
 
 
 def test_metrics_port_serves_the_relays_counters():

@@ -67,6 +67,14 @@ class Command(BaseCommand):
             "port, at /metrics (needs outbox_app[prometheus]). The inbox's own "
             "numbers come from outbox_app.ops.metrics.metrics_view.",
         )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="ADDRESS",
+            help="The address --metrics-port binds (default: %(default)s, this "
+            "machine only; the server checks no credentials). 0.0.0.0 or :: "
+            "for every interface, e.g. for a Prometheus in another container.",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
@@ -101,7 +109,9 @@ class Command(BaseCommand):
             )
         if options["metrics_port"] is not None:
             try:
-                consume_metrics.enable(options["metrics_port"])
+                consume_metrics.enable(
+                    options["metrics_port"], addr=options["metrics_host"]
+                )
             except (ImproperlyConfigured, OSError) as exc:
                 raise CommandError(f"--metrics-port: {exc}") from exc
         stop = threading.Event()

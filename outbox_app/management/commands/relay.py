@@ -86,6 +86,14 @@ class Command(BaseCommand):
             "come from outbox_app.ops.metrics.metrics_view.",
         )
         parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="ADDRESS",
+            help="The address --metrics-port binds (default: %(default)s, this "
+            "machine only; the server checks no credentials). 0.0.0.0 or :: "
+            "for every interface, e.g. for a Prometheus in another container.",
+        )
+        parser.add_argument(
             "--once",
             action="store_true",
             help="Deliver what is due now, print a summary and exit.",
@@ -97,7 +105,9 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         if options["metrics_port"] is not None:
             try:
-                relay_metrics.enable(options["metrics_port"])
+                relay_metrics.enable(
+                    options["metrics_port"], addr=options["metrics_host"]
+                )
             except (ImproperlyConfigured, OSError) as exc:
                 raise CommandError(f"--metrics-port: {exc}") from exc
         using = options["database"]
