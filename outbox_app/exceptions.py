@@ -240,3 +240,14 @@ class SubscriptionInUse(OutboxError):
     within ``SERVED_SECONDS``, five minutes): its subscriber would silently
     stop receiving new events. Retire it once the code without it is deployed
     everywhere, or pass ``force`` (``--force``)."""
+
+
+# --- operating --------------------------------------------------------------------
+
+
+class HealthFileUnreadable(OutboxError):
+    """A health file (``relay`` / ``consume`` ``--health-file``) read by
+    ``manage.py outbox_health`` is missing (the process has not turned its
+    loop yet, or stopped cleanly and removed it), cannot be read, or is not
+    the JSON object ``{"alive_at": ..., "ready": ..., "why": ...}``. The
+    command exits 1 with this message: the probe fails."""

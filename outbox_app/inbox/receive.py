@@ -224,6 +224,11 @@ class Tally:
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
+    def fields(self) -> str:
+        """``handled=1 duplicates=0 ...``: the counts as a log line's fields
+        (the relay's iteration lines read alike)."""
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
 
 def _span(consumer: Consumer, context: ConsumeContext) -> tuple[str, dict]:
     """A consumer call's span: ``outbox consume <event type>``, named by the

@@ -38,6 +38,7 @@ from kombu.exceptions import OperationalError
 
 from ..conf import mask_url, outbox_settings
 from ..execution.retry import RECONNECT
+from ..health import HealthFile
 from ..store.models import InboxMessage
 from ..store.querysets import HEARTBEAT_SECONDS
 from . import recorded
@@ -63,6 +64,10 @@ class ConsumeWorker:
             no retry due (``None``: never).
         max_seconds: return after this long (``None``: never).
         stop: set to return after the message in hand.
+        health: the health file to rewrite each loop turn
+            (:mod:`outbox_app.health`): ready when the broker is connected and
+            the database answered on the last turn; removed when ``run``
+            returns.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class ConsumeWorker:
         idle_exit: float | None = None,
         max_seconds: float | None = None,
         stop: threading.Event | None = None,
+        health: HealthFile | None = None,
     ):
         self.consumers = list(consumers)
         self.url = url or outbox_settings.INBOX_URL
@@ -81,6 +87,7 @@ class ConsumeWorker:
         self.idle_exit = idle_exit
         self.max_seconds = max_seconds
         self.stop = stop or threading.Event()
+        self.health = health
         self.tally = Tally()
         self.by_queue: dict[str, list[Consumer]] = defaultdict(list)
         for consumer in self.consumers:
@@ -91,6 +98,8 @@ class ConsumeWorker:
         self._broker_failures = 0
         self._recorded_at: float | None = None
         self._pending: list[tuple[str, object]] = []
+        #: The last database error, until a query succeeds again.
+        self._database_error: str | None = None
 
     def queues(self) -> list[Queue]:
         """The kombu queues: durable, bound with every binding their
@@ -127,29 +136,49 @@ class ConsumeWorker:
             OperationalError,
             *Connection(self.url).connection_errors,
         )
-        while not self._done(started):
-            if not self._record():
-                continue
-            try:
-                with Connection(self.url) as connection:
-                    self._consume(connection, started)
-                break
-            except broker_errors as exc:
-                # Unacknowledged on a lost connection: the broker sends them
-                # again.
-                self._pending = []
-                self._broker_failures += 1
-                delay = RECONNECT.delay(self._broker_failures)
-                logger.error(
-                    "consume: broker unreachable (attempt %d: %s), reconnecting "
-                    "in %.1f s",
-                    self._broker_failures,
-                    mask_url(str(exc)),
-                    delay,
-                )
-                self.stop.wait(delay)
+        try:
+            while not self._done(started):
+                if not self._record():
+                    continue
+                try:
+                    with Connection(self.url) as connection:
+                        self._consume(connection, started)
+                    break
+                except broker_errors as exc:
+                    # Unacknowledged on a lost connection: the broker sends
+                    # them again.
+                    self._pending = []
+                    self._broker_failures += 1
+                    delay = RECONNECT.delay(self._broker_failures)
+                    reason = mask_url(str(exc))
+                    logger.error(
+                        "consume: broker unreachable (attempt %d: %s), "
+                        "reconnecting in %.1f s",
+                        self._broker_failures,
+                        reason,
+                        delay,
+                    )
+                    self._wait(delay, f"broker unreachable: {reason}")
+        finally:
+            if self.health is not None:
+                self.health.remove()
         logger.info("consume stopped: %s", self.tally)
         return self.tally
+
+    def _wait(self, seconds: float, why: str) -> None:
+        """A reconnect's backoff: not ready for ``why``, alive meanwhile."""
+        if self.health is None:
+            self.stop.wait(seconds)
+            return
+        self.health.report(False, why)
+        self.health.wait(self.stop, seconds)
+
+    def _report_health(self) -> None:
+        """One turn with the broker connected: ready unless the database
+        failed on its last query."""
+        if self.health is not None:
+            error = self._database_error
+            self.health.report(error is None, f"database error: {error}")
 
     def _record(self) -> bool:
         """Record this process's consumers when due (first, then every
@@ -167,6 +196,7 @@ class ConsumeWorker:
             self._database_down(exc)
             return False
         self._recorded_at = now
+        self._database_error = None
         return True
 
     def _consume(self, connection: Connection, started: float) -> None:
@@ -194,6 +224,7 @@ class ConsumeWorker:
         next_retry = 0.0
         try:
             while not self._done(started):
+                self._report_health()
                 with contextlib.suppress(TimeoutError):
                     connection.drain_events(timeout=min(RETRY_EVERY, 0.5))
                     # What else the broker has sent already joins the batch.
@@ -238,7 +269,9 @@ class ConsumeWorker:
         for _, message in batch:
             message.ack()
         self._database_failures = 0
+        self._database_error = None
         self.tally += tally
+        logger.debug("consume batch messages=%d %s", len(batch), tally.fields())
 
     def _retry(self) -> None:
         try:
@@ -246,8 +279,10 @@ class ConsumeWorker:
         except DatabaseError as exc:
             self._database_down(exc)
             return
+        self._database_error = None
         if tally.handled or tally.failed or tally.dead:
             self._last_message = time.monotonic()
+            logger.debug("consume retries %s", tally.fields())
         self.tally += tally
 
     def _database_down(self, exc: Exception) -> None:
@@ -259,7 +294,8 @@ class ConsumeWorker:
             delay,
         )
         connections[self.alias].close()
-        self.stop.wait(delay)
+        self._database_error = str(exc)
+        self._wait(delay, f"database error: {exc}")
 
     def _done(self, started: float) -> bool:
         now = time.monotonic()

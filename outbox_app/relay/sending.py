@@ -246,6 +246,11 @@ class Pauses:
         """Whether the publisher ``name`` is paused (no probe is run)."""
         return name in self._paused
 
+    def reasons(self) -> dict[str, str]:
+        """The paused publishers' names and the errors that paused them."""
+        with self._lock:
+            return {name: pause.reason for name, pause in self._paused.items()}
+
     def clear(self) -> None:
         """Forget every pause (tests)."""
         with self._lock:

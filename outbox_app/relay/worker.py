@@ -24,10 +24,12 @@ from django.db import connections
 from ..conf import outbox_settings
 from ..exceptions import RelayAlreadyRunning
 from ..execution.retry import RECONNECT
+from ..health import HealthFile
 from ..publishing.outbox import events_committed
 from ..store.sql import dialect
 from . import RelayReport, relay_once
 from .registry import Kind, close_publishers, subscribers
+from .sending import pauses
 from .wake import Listener
 
 logger = logging.getLogger("outbox_app.relay.worker")
@@ -50,6 +52,9 @@ class RelayWorker:
         on_iteration: called with each iteration's RelayReport (progress output).
         poll_interval: longest idle wait in seconds; default
             ``OUTBOX_POLL_INTERVAL``.
+        health: the health file to rewrite each loop turn
+            (:mod:`outbox_app.health`): ready when the last turn reached the
+            database and no publisher is paused; removed when the loop ends.
 
     Raises (from :meth:`run`):
         RelayAlreadyRunning: a second relay on one SQLite database file.
@@ -65,6 +70,7 @@ class RelayWorker:
         once: bool = False,
         on_iteration: Callable[[RelayReport], None] | None = None,
         poll_interval: float | None = None,
+        health: HealthFile | None = None,
     ):
         self.kind = kind
         self.using = using
@@ -73,6 +79,7 @@ class RelayWorker:
         self.once = once
         self.on_iteration = on_iteration
         self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL
+        self.health = health
         self.stopping = threading.Event()
         self._listener: Listener | None = None
 
@@ -120,6 +127,7 @@ class RelayWorker:
             backlog = _Backlog()
             try:
                 while not self.stopping.is_set():
+                    began = time.monotonic()
                     budget = ITERATION_SECONDS
                     if deadline is not None:
                         budget = min(budget, deadline - time.monotonic())
@@ -138,10 +146,11 @@ class RelayWorker:
                         self._recover(listener, exc, failures)
                         continue
                     failures = 0
+                    self._report_health()
                     total += report
                     if self.on_iteration is not None:
                         self.on_iteration(report)
-                    backlog.record(report)
+                    backlog.record(report, began)
                     if report.claimed or report.fanned_out:
                         logger.debug("relay iteration %s", _fields(report))
                         idle_wait = MIN_POLL_SECONDS
@@ -152,6 +161,8 @@ class RelayWorker:
                     self._keep_connection()
                     idle_wait = self._idle(listener, idle_wait, deadline)
             finally:
+                if self.health is not None:
+                    self.health.remove()
                 events_committed.disconnect(listener.wake)
                 close_publishers()
                 # The connection it kept open across iterations (a worker run
@@ -160,6 +171,15 @@ class RelayWorker:
                     connections[self.using].close()
         logger.info("relay stopped %s", _fields(total))
         return total
+
+    def _report_health(self) -> None:
+        """Rewrite the health file after a turn that reached the database:
+        ready unless a publisher is paused (this process's pauses, no query)."""
+        if self.health is None:
+            return
+        paused = pauses.reasons().items()
+        why = "; ".join(f"publisher {name} paused: {text}" for name, text in paused)
+        self.health.report(not paused, why)
 
     def _keep_connection(self) -> None:
         """Keep the database connection open between iterations, whatever
@@ -201,7 +221,11 @@ class RelayWorker:
         )
         connections[self.using].close()
         listener.close()
-        self.stopping.wait(delay)
+        if self.health is None:
+            self.stopping.wait(delay)
+            return
+        self.health.report(False, f"database unreachable: {exc}")
+        self.health.wait(self.stopping, delay)
 
 
 class _Backlog:
@@ -213,10 +237,12 @@ class _Backlog:
         self.since: float | None = None
         self.done = RelayReport()
 
-    def record(self, report: RelayReport) -> None:
+    def record(self, report: RelayReport, began: float) -> None:
+        """Count one iteration's ``report``; ``began``: when it started
+        (``time.monotonic()``), the start of a backlog it finds."""
         busy = bool(report.claimed or report.fanned_out)
         if busy and self.since is None:
-            self.since, self.done = time.monotonic(), RelayReport()
+            self.since, self.done = began, RelayReport()
             logger.info("relay busy: events to deliver")
         if self.since is None:
             return

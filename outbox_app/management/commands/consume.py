@@ -15,7 +15,7 @@ from outbox_app.execution.metrics import consume_metrics
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
 
-from .relay import configure_logging
+from .relay import add_health_file_argument, configure_logging, health_file
 
 
 class Command(BaseCommand):
@@ -76,8 +76,14 @@ class Command(BaseCommand):
             "for every interface, e.g. for a Prometheus in another container.",
         )
 
+        add_health_file_argument(
+            parser,
+            "the broker is connected and the database answered on the last turn",
+        )
+
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
+        health = health_file(options["health_file"])
         if options["prefetch"] is not None and options["prefetch"] < 1:
             raise CommandError("--prefetch must be a positive number of messages")
         if not outbox_settings.INBOX_URL:
@@ -121,6 +127,7 @@ class Command(BaseCommand):
             idle_exit=options["idle_exit"],
             max_seconds=options["max_seconds"],
             stop=stop,
+            health=health,
         )
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -13,11 +14,43 @@ from django.db import connections
 
 from outbox_app.exceptions import OutboxError
 from outbox_app.execution.metrics import relay_metrics
+from outbox_app.health import HealthFile
 from outbox_app.relay import RelayReport
 from outbox_app.relay.worker import RelayWorker
 from outbox_app.store.models import Delivery, OutboxEvent
 
 KINDS = {"publishers": "publisher", "handlers": "handler"}
+
+
+def add_health_file_argument(parser, ready: str) -> None:
+    """``--health-file PATH`` of a long-running command; ``ready``: what its
+    readiness means."""
+    parser.add_argument(
+        "--health-file",
+        metavar="PATH",
+        help="Rewrite this file at every loop turn (atomically, at least once "
+        'a second) with {"alive_at": epoch seconds, "ready": bool, "why": '
+        f"text}}; ready: {ready}. Removed on a clean stop. "
+        "manage.py outbox_health --file PATH reads it (a liveness or "
+        "readiness probe).",
+    )
+
+
+def health_file(path: str | None) -> HealthFile | None:
+    """The :class:`HealthFile` of ``--health-file``, its directory checked.
+
+    Raises:
+        CommandError: the directory does not exist or is not writable.
+    """
+    if path is None:
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise CommandError(
+            f"--health-file: the directory {directory} does not exist or is "
+            "not writable"
+        )
+    return HealthFile(path)
 
 
 def configure_logging(verbosity: int) -> None:
@@ -85,6 +118,9 @@ class Command(BaseCommand):
             "outbox_app[prometheus]). The outbox's own numbers (backlog, lag) "
             "come from outbox_app.ops.metrics.metrics_view.",
         )
+        add_health_file_argument(
+            parser, "the last turn reached the database and no publisher is paused"
+        )
         parser.add_argument(
             "--metrics-host",
             default="127.0.0.1",
@@ -110,6 +146,7 @@ class Command(BaseCommand):
                 )
             except (ImproperlyConfigured, OSError) as exc:
                 raise CommandError(f"--metrics-port: {exc}") from exc
+        health = health_file(options["health_file"])
         using = options["database"]
         progress = _Progress(self, using) if options["once"] else None
         worker = RelayWorker(
@@ -119,6 +156,7 @@ class Command(BaseCommand):
             max_seconds=options["max_seconds"],
             once=options["once"],
             on_iteration=progress,
+            health=health,
         )
         previous = {
             sig: signal.signal(sig, worker.stop)
