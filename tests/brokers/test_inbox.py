@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import decimal
 import json
+import logging
 import re
 import signal
 import socket
+import time
 
 import pytest
 from django.db import transaction
@@ -492,3 +494,74 @@ def test_consume_started_while_the_broker_refuses_connections_waits_for_it(
         float(d) for d in re.findall(r"reconnecting in ([\d.]+) s", consumer.text())
     ]
     assert delays[:3] == [0.5, 1.0, 2.0], consumer.text()
+
+
+def test_consume_health_file__not_ready_while_the_broker_refuses_then_ready(
+    rabbitmq, unique, tmp_path
+):
+    """``consume --health-file``: alive and not ready (broker unreachable)
+    against a closed port, ready once the broker is there; removed on stop."""
+    from tests.relay.test_health import probe
+
+    queue = f"{unique}-in"
+    rabbitmq.bind(queue, unique, expires=False)
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]
+    path = tmp_path / "consume.health"
+    consumer = consume(
+        rabbitmq,
+        unique,
+        queue,
+        "--health-file",
+        str(path),
+        url=f"amqp://guest:guest@127.0.0.1:{port}//",
+        ready=False,
+    )
+    proxy = None
+    try:
+        wait_for(path.exists, 30, "the first attempt to connect")
+        code, err = probe(path, "--ready", "--max-age", "2")
+        assert code == 1 and "not ready: broker unreachable:" in err, err
+        # Alive through the backoff's waits (0.5, 1, 2, 4 s: past --max-age).
+        time.sleep(4)
+        assert probe(path, "--max-age", "2") == (0, ""), consumer.text()
+        proxy = TcpProxy(RABBITMQ, port=port)
+        wait_for(
+            lambda: probe(path, "--ready", "--max-age", "2")[0] == 0,
+            30,
+            "consume ready",
+        )
+    finally:
+        code = consumer.stop()
+        if proxy is not None:
+            proxy.close()
+    assert code == 0, consumer.text()
+    assert not path.exists()
+
+
+def test_consume_logs_each_batch_at_debug(rabbitmq, settings, unique, caplog):
+    """``consume -v 2`` tells what each batch did, as the relay tells each
+    iteration: ``consume batch messages=N handled=...``."""
+    from outbox_app.inbox.registry import consumer as register
+    from outbox_app.inbox.registry import consumers, unregister_consumer
+    from outbox_app.inbox.worker import ConsumeWorker
+
+    queue = f"{unique}-in"
+    rabbitmq.bind(queue, unique, expires=False)
+    rabbitmq.delete_later(queue)
+    settings.OUTBOX_INBOX_EXCHANGE = unique
+    register(OrderPlaced, queue=queue, name=unique)(lambda event, context: None)
+    try:
+        for n in range(3):
+            send(rabbitmq, unique, n)
+        caplog.set_level(logging.DEBUG, logger="outbox_app.inbox")
+        tally = ConsumeWorker(consumers([queue]), url=rabbitmq.url, idle_exit=1).run()
+    finally:
+        unregister_consumer(unique)
+    assert tally.handled == 3
+    batches = re.findall(
+        r"consume batch messages=(\d+) handled=(\d+) duplicates=0", caplog.text
+    )
+    assert batches, caplog.text
+    assert sum(int(m) for m, _ in batches) == 3
+    assert sum(int(h) for _, h in batches) == 3

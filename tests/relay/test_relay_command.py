@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import logging
 import re
 import signal
 import threading
@@ -286,3 +287,25 @@ def test_metrics_port_serves_the_relays_counters():
     assert snapshot[latency] == 5
     calls = ("outbox_relay_handler_seconds_count", (("subscriber", "broken"),))
     assert snapshot[calls] >= 5  # each call, failed or not
+
+
+def test_backlog_drained_tells_how_long_it_took(handlers, caplog):
+    """Five 0.2 s handler calls drained in one iteration: the line says 1 s
+    or more (it counted from the end of that iteration: 0.0 s)."""
+    from outbox_app.relay.worker import RelayWorker
+
+    caplog.set_level(logging.INFO, logger="outbox_app.relay.worker")
+    handlers("slow")
+    place(5)
+    worker = RelayWorker(poll_interval=0.1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: "backlog drained" in caplog.text, 30, "the backlog drained")
+    finally:
+        worker.stop()
+        thread.join(30)
+    drained = re.search(r"backlog drained in ([\d.]+) s, (.*)", caplog.text)
+    assert drained, caplog.text
+    assert float(drained[1]) >= 1.0, caplog.text
+    assert "succeeded=5" in drained[2]
