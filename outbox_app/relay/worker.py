@@ -81,6 +81,7 @@ class RelayWorker:
         self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL
         self.health = health
         self.stopping = threading.Event()
+        self._listen_failed = False
         self._listener: Listener | None = None
 
     def stop(self, *args: object) -> None:
@@ -201,9 +202,20 @@ class RelayWorker:
             wait = max(0.0, min(wait, deadline - time.monotonic()))
         try:
             listener.open()  # reconnects a LISTEN connection that broke
+        except Exception as exc:
+            # Once per streak: it polls meanwhile and retries at each wait.
+            if not self._listen_failed:
+                logger.warning("relay cannot LISTEN, polling instead: %s", exc)
+            self._listen_failed = True
+            self.stopping.wait(wait)
+            return min(wait * 2, self.poll_interval)
+        self._listen_failed = False
+        try:
             reason = listener.wait(wait)
         except Exception as exc:
-            logger.warning("relay wake-up listener failed, polling instead: %s", exc)
+            # The LISTEN connection broke: reopened at the next wait. A
+            # database outage is told once, by the next iteration's error.
+            logger.debug("relay wake-up listener lost, polling: %s", exc)
             self.stopping.wait(wait)
             reason = None
         if reason:
