@@ -307,4 +307,6 @@ def test_operator_actions_on_a_skewed_host_use_the_databases_clock(skew, seconds
             "expires_at": expires,
         }
     )
-    assert 55_000 <= _ttl(context) <= 60_000
+    # By the database's clock as read (good to half a round trip, which a
+    # loaded machine stretches to milliseconds), not the host's 90 s off.
+    assert 55_000 <= _ttl(context) <= 61_000
