@@ -11,9 +11,7 @@ and deleted at the end:
 (i)   baseline: kombu ``Producer.publish`` on a connection with
       ``confirm_publish=True`` (kombu waits for each message's confirm);
 (ii)  ``KombuPublisher.send_batch`` in batches of ``--batch`` (publish the whole
-      batch, then collect its confirms);
-(iii) for reference, (ii) without the ``TCP_CORK`` write coalescing (one TCP
-      packet per message);
+      batch, written with one system call, then collect its confirms);
 (0)   for reference, kombu's Producer without confirms (nothing is known to have
       arrived; the outbox never does this).
 
@@ -27,19 +25,15 @@ import datetime
 import sys
 import time
 import uuid
-from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from outbox_app.publishers import kombu as kombu_module
 from outbox_app.publishers.cloudevents import CONTENT_TYPE
 from outbox_app.publishers.kombu import KombuPublisher
 from outbox_app.subscribers import DeliveryContext
-
-real_corked = kombu_module._corked
 
 
 def contexts(count: int) -> list[DeliveryContext]:
@@ -85,8 +79,7 @@ def producer_rate(url, exchange, sent, bodies, keys, confirm: bool) -> float:
     return len(sent) / elapsed
 
 
-def publisher_rate(url, exchange, sent, batch: int, cork: bool = True) -> float:
-    kombu_module._corked = real_corked if cork else lambda sock: nullcontext()
+def publisher_rate(url, exchange, sent, batch: int) -> float:
     publisher = KombuPublisher("bench", {"URL": url, "EXCHANGE": exchange.name})
     publisher.send_batch(sent[:1])  # connect and declare outside the timing
     start = time.perf_counter()
@@ -97,7 +90,6 @@ def publisher_rate(url, exchange, sent, batch: int, cork: bool = True) -> float:
             raise SystemExit(f"{len(failed)} messages failed: {failed[0]}")
     elapsed = time.perf_counter() - start
     publisher.close()
-    kombu_module._corked = real_corked
     return len(sent) / elapsed
 
 
@@ -129,8 +121,6 @@ def main() -> None:
                     producer_rate(args.url, exchange, sent, bodies, keys, True)),
                 (f"(ii) KombuPublisher.send_batch, batches of {args.batch}",
                     lambda: publisher_rate(args.url, exchange, sent, args.batch)),
-                ("(iii) (ii) without TCP_CORK", lambda: publisher_rate(
-                    args.url, exchange, sent, args.batch, cork=False)),
             ):  # fmt: skip
                 rates[label] = run()
                 bound.purge()
@@ -138,7 +128,7 @@ def main() -> None:
         finally:
             bound.delete()
             exchange(admin.channel()).delete()
-    baseline, pipelined, _ = list(rates.values())[1:]
+    baseline, pipelined = list(rates.values())[1:]
     body_bytes = sum(map(len, bodies)) // len(bodies)
     print(
         f"ratio (ii)/(i): {pipelined / baseline:.1f}x  "
