@@ -15,7 +15,9 @@ confirms; ``bench.benchapp.publishers.ConfirmTimes``) records when its batch's
 confirms are collected (path ``broker``). Modes: ``notify`` (PostgreSQL
 LISTEN/NOTIFY wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up
 receiver disconnected in the publisher: the relay finds events by its adaptive
-poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL``).
+poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL``). Publishing starts
+``--settle`` seconds (2) after the relay process reports ready, so it is idle
+and listening.
 """
 
 from __future__ import annotations
@@ -77,8 +79,11 @@ def publish_steady(count: int, rate: float) -> dict[str, float]:
     return committed
 
 
-def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list[float]:
-    """Milliseconds commit -> handler start (or broker confirm), one per event."""
+def run_mode(
+    path: str, mode: str, count: int, rate: float, broker: str, settle: float
+) -> list[float]:
+    """Milliseconds commit -> handler start (or broker confirm), one per event;
+    publishing starts ``settle`` seconds after the relay process is up."""
     clear()
     log = Path(f"/tmp/bench1-latency-{path}-{mode}.log")
     log.unlink(missing_ok=True)
@@ -108,7 +113,7 @@ def run_mode(path: str, mode: str, count: int, rate: float, broker: str) -> list
         },
     )
     assert child.stdout.readline().strip() == "ready"
-    time.sleep(2)  # the relay is idle and listening
+    time.sleep(settle)  # the relay is idle and listening
     committed = publish_steady(count, rate)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -140,6 +145,12 @@ def main() -> None:
     parser.add_argument("--paths", default="handler,broker")
     parser.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672//")
     parser.add_argument("--plot", default=None)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds between the relay's start and the first event",
+    )
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     results = {}
@@ -150,7 +161,7 @@ def main() -> None:
         if mode != "notify" or connection.vendor == "postgresql"
     ]
     for path, mode in runs:
-        ms = run_mode(path, mode, args.events, args.rate, args.broker)
+        ms = run_mode(path, mode, args.events, args.rate, args.broker, args.settle)
         label = f"{path}, {mode}"
         results[label] = {
             "p50": statistics.median(ms),

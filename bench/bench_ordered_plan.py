@@ -15,7 +15,8 @@ claimable), the tables are refilled by set-based SQL and *not analyzed*
 autovacuum's first pass); both queries run once to warm the cache, then
 ``--repeat`` times each (median); then ``ANALYZE``, and both again. Printed:
 milliseconds per claim query and unfenced / fenced; a query over ``--limit``
-seconds (30) is cancelled and shown as ``inf``.
+seconds (30) is cancelled and shown as ``inf``. ``--shapes ROWSxPER,...``
+replaces the shapes (default ``8000x4,8000x1,100000x2000,100000x1``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ from outbox_app.store.sql import dialect  # noqa: E402
 
 SHAPES = [(8_000, 4), (8_000, 1), (100_000, 2_000), (100_000, 1)]
 SUBSCRIBER = "bench.ordered"
+
+
+def shapes(text: str) -> list[tuple[int, int]]:
+    """``"8000x4,100000x1"`` -> ``[(8000, 4), (100000, 1)]``."""
+    return [
+        (int(rows), int(per))
+        for rows, per in (shape.split("x") for shape in text.split(","))
+    ]
 
 
 def fill(rows: int, per: int) -> None:
@@ -100,6 +109,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--limit", type=float, default=30.0, help="seconds")
+    parser.add_argument(
+        "--shapes",
+        type=shapes,
+        default=SHAPES,
+        help="rows x events per aggregate, e.g. 8000x4,100000x1",
+    )
     args = parser.parse_args()
     assert connection.vendor == "postgresql", "a PostgreSQL planner benchmark"
     fenced = dialect("default")._candidates(1, True, 1)
@@ -109,7 +124,7 @@ def main() -> None:
         f"{'rows':>8} {'per agg':>7} {'stats':>9} {'fenced ms':>10} "
         f"{'unfenced ms':>12} {'ratio':>7}"
     )
-    for rows, per in SHAPES:
+    for rows, per in args.shapes:
         fill(rows, per)
         for stats in ("none", "analyzed"):
             if stats == "analyzed":

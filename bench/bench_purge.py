@@ -440,7 +440,9 @@ def main() -> None:
     if purge.returncode:
         raise SystemExit(f"outbox_purge failed ({purge.returncode}):\n{output}")
     summary = re.search(
-        r"Deleted (\d+) events, (\d+) deliveries and (\d+) sentinel", output
+        r"Deleted (\d+) events?, (\d+) deliver(?:y|ies), (\d+) sentinel rows? and "
+        r"(\d+) inbox messages?",
+        output,
     )
     assert summary, output[-1000:]
     deleted = sum(int(n) for n in summary.groups())

@@ -13,6 +13,9 @@ Environment:
         ``billing.sqlite3`` next to manage.py).
     OUTBOX_BROKER_URL: the shop's broker (the shop's own variable).
     SHOP_EVENTS_EXCHANGE: the shop's exchange (default ``shop.events``).
+    BILLING_QUEUE: the queue billing reads, bound to that exchange (default
+        ``billing.orders``); two billing services on one broker, each with
+        its own, each get every event.
 """
 
 from pathlib import Path
@@ -50,3 +53,4 @@ OUTBOX_INBOX_URL = env(
     "OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//"
 )
 OUTBOX_INBOX_EXCHANGE = env("SHOP_EVENTS_EXCHANGE", default="shop.events")
+BILLING_QUEUE = env("BILLING_QUEUE", default="billing.orders")

@@ -9,13 +9,14 @@ exists.
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import F
 
 from outbox_app import consumer
 
 from .models import Invoice
 
-QUEUE = "billing.orders"
+QUEUE = settings.BILLING_QUEUE
 
 
 @consumer("OrderPlaced", queue=QUEUE, bindings=["shop.Order.#"], name="billing.invoice")

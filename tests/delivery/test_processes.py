@@ -37,8 +37,10 @@ def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
         )
     worker = start_worker("hang", "--batch-size", "1", OUTBOX_TEST_MARKER=str(marker))
     try:
-        wait_for(
-            lambda: marker.exists() or worker.poll() is not None,
+        wait_for(  # the id written, not only the file made (write_text does both)
+            lambda: (
+                (marker.exists() and marker.read_text()) or worker.poll() is not None
+            ),
             60,
             "the handler to start in the worker",
         )

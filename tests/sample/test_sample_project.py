@@ -205,6 +205,7 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
     from kombu import Connection, Exchange, Queue
 
     exchange = f"shop.events.billing{uuid.uuid4().hex[:8]}"
+    queue = f"billing.orders.{exchange}"  # the suites on other databases have theirs
     shop = {**shop_env, "OUTBOX_BROKER_URL": RABBITMQ, "SHOP_EVENTS_EXCHANGE": exchange}
     database = tmp_path / "billing.sqlite3"
     billing = {
@@ -213,6 +214,7 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
         "BILLING_DATABASE_URL": f"sqlite:///{database}",
         "OUTBOX_BROKER_URL": RABBITMQ,
         "SHOP_EVENTS_EXCHANGE": exchange,
+        "BILLING_QUEUE": queue,
     }
     django = [sys.executable, "-m", "django"]
     subprocess.run([*django, "migrate", "-v0"], cwd=ROOT, env=billing, check=True)
@@ -300,7 +302,7 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
             second.stop()
         with Connection(RABBITMQ) as connection:
             channel = connection.default_channel
-            for name in ("billing.orders", f"{exchange}.all"):
+            for name in (queue, f"{exchange}.all"):
                 Queue(name, Exchange(exchange))(channel).delete()
             Exchange(exchange)(channel).delete()
     log = second.text() + last.stderr
