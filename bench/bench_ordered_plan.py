@@ -63,7 +63,7 @@ def fill(rows: int, per: int) -> None:
         cursor.execute(
             "INSERT INTO outbox_app_outboxevent (id, namespace, event_type, "
             "revision, aggregate_type, aggregate_id, aggregate_version, payload, "
-            "headers, occurred_at, created_at, delivered) "
+            "headers, occurred_at, created_at, fanned_out) "
             "SELECT (lpad(to_hex(1700000000000 + i), 12, '0') || '7' || "
             "substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid, "
             "'bench', 'OrderPlaced', 1, 'bench.Order', (i %% %s)::text, NULL, "

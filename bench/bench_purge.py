@@ -174,7 +174,7 @@ def fill(events: int, subscribers: int, chunk: int) -> None:
         f"INSERT INTO {EVENTS} (id, namespace, event_type, revision, "
         "aggregate_type, aggregate_id, aggregate_version, payload, headers, "
         "tenant_id, action_id, action_name, action_params, occurred_at, "
-        "created_at, delivered) "
+        "created_at, fanned_out) "
         f"SELECT {uuid}, 'bench', 'OrderPlaced', 1, 'bench.Order', {aggregate_id}, "
         f"1, {payload}, {headers}, NULL, NULL, NULL, NULL, {at}, {at}, TRUE "
         f"FROM {series}"

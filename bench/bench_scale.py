@@ -61,7 +61,7 @@ def add_rows(count: int, marker: str, state: str | None) -> None:
         cursor.execute(
             f"INSERT INTO {events} (id, namespace, event_type, revision,"
             " aggregate_type, aggregate_id, payload, headers, occurred_at,"
-            " created_at, delivered)"
+            " created_at, fanned_out)"
             f" SELECT {uuid}, '{marker}', '{event_type}', 1, 'testapp.Order',"
             f" {text}, '{{}}', '{{}}', {now}, {now}, {state is not None}"
             f" FROM {numbers}"

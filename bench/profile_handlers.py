@@ -27,7 +27,8 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from bench import Stopwatch, bench_handlers  # bench_handlers sets Django up
-from outbox_app.relay import deliver, fan_out, handlers, loop
+from outbox_app.execution import run
+from outbox_app.relay import deliver, fan_out, loop
 from outbox_app.relay.batch import Batch, ClaimAhead
 from outbox_app.store.gateway import Gateway
 
@@ -44,7 +45,7 @@ def main() -> None:
     watch.watch(Gateway.claim, "  Gateway.claim")
     watch.watch(ClaimAhead.take, "ClaimAhead.take (waiting for the claim-ahead)")
     watch.watch(loop.run_handlers, "run_handlers, of which:")
-    watch.watch(handlers.event_for, "  decode the event (event_for)")
+    watch.watch(run.event_for, "  decode the event (event_for)")
     watch.watch(Gateway.succeed, "  Gateway.succeed (a group's UPDATE)")
     watch.watch(Gateway.renew, "  Gateway.renew")
     watch.watch(type(connections["default"]).commit, "COMMIT (any)")
