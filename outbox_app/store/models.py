@@ -142,20 +142,6 @@ class OutboxEvent(models.Model):
             models.Index(fields=["created_at"], name="outbox_event_created"),
         ]
 
-    #: The fields a delivery copies from its event at fan-out
-    #: (DeliveryQuerySet.create_for); ``id`` becomes its ``event_id``.
-    DELIVERY_FIELDS = (
-        "id",
-        "event_type",
-        "aggregate_type",
-        "aggregate_id",
-        "aggregate_version",
-        "tenant_id",
-        "deliver_at",
-        "position",
-        "payload_bytes",
-    )
-
     def __str__(self) -> str:
         return f"{self.event_type or '(sentinel)'} {self.id}"
 

@@ -31,6 +31,7 @@ from .lifecycle import (
     State,
     transition,
 )
+from .sql.base import COPIED_COLUMNS
 
 
 class OutboxEventQuerySet(QuerySet):
@@ -98,7 +99,7 @@ class DeliveryQuerySet(QuerySet):
         scheduled event's at its ``deliver_at``), for each event of ``events``
         that has none yet: one ``INSERT ... SELECT``.
 
-        The event's ``OutboxEvent.DELIVERY_FIELDS`` are copied (``id`` into
+        The event's columns fan-out copies (``sql.base.COPIED_COLUMNS``; ``id`` into
         ``event_id``); every other column takes the model's default. Returns
         rows created.
         """
@@ -107,8 +108,7 @@ class DeliveryQuerySet(QuerySet):
             subscriber=subscriber, next_retry_at=now, created_at=now, updated_at=now
         )
         copied = {
-            ("event_id" if name == "id" else name): name
-            for name in events.model.DELIVERY_FIELDS
+            ("event_id" if name == "id" else name): name for name in COPIED_COLUMNS
         }
         columns = {
             field.column: F(copied[field.attname])
@@ -155,10 +155,9 @@ class DeliveryQuerySet(QuerySet):
         Raises:
             UnknownTransition: ``name`` is not an operator's transition.
         """
-        if name not in self.OPERATOR_TRANSITIONS:
-            raise UnknownTransition(f"unknown transition {name!r}")
+        rows = self.affected(name)  # refuses an unknown name
         if dry_run:
-            return self.affected(name).count()
+            return rows.count()
         return getattr(self, name)(batch_size)
 
     def requeue(self, batch_size: int = 1000) -> int:

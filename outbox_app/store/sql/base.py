@@ -51,8 +51,9 @@ EVENT_COLUMNS = (
     "payload_bytes",
 )
 
-#: The event columns fan-out copies onto each delivery (a batch of events
-#: awaiting fan-out is read with these, unless it is claimed at once).
+#: The event columns fan-out copies onto each delivery, here and in
+#: ``DeliveryQuerySet.create_for`` (``id`` becomes ``event_id``); a batch of
+#: events awaiting fan-out is read with these, unless it is claimed at once.
 COPIED_COLUMNS = [
     "id",
     "event_type",
