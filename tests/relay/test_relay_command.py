@@ -220,6 +220,9 @@ def test_metrics_port_binds_loopback_unless_metrics_host_says_otherwise():
         relay = Watched(relay_process("--metrics-port", str(port), *host))
         try:
             assert loopback_only(port) is only, host
+            # The metrics server listens before the relay handles SIGTERM:
+            # stop it once it runs, so it stops cleanly.
+            wait_for(lambda r=relay: r.has("relay started"), 60, "the relay to start")
         finally:
             code = relay.stop()  # one at a time: SQLite allows one relay
         assert code == 0, relay.text()
