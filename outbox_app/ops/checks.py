@@ -179,6 +179,24 @@ def _check_celery_app() -> list[checks.CheckMessage]:
     return []
 
 
+@checks.register("outbox", checks.Tags.models)
+def check_tracked_models(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``@track``'s ``names`` map operations only."""
+    from ..publishing.tracking import SUFFIXES, tracked_models
+
+    return [
+        checks.Error(
+            f"@track on {spec.model._meta.label}: names has key(s) "
+            f"{list(spec.unknown_names)}, which are no operation.",
+            hint=f"Use {sorted(SUFFIXES)}: each maps to its event type's suffix.",
+            obj=spec.model,
+            id="outbox.E026",
+        )
+        for spec in tracked_models()
+        if spec.unknown_names
+    ]
+
+
 @checks.register("outbox", checks.Tags.database)
 def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
     """SQLite runs one relay per database file (its dialect is single-writer;

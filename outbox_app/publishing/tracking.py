@@ -66,6 +66,13 @@ from ..exceptions import UntrackedWrite
 from ..store.db import lock_waiting
 from .outbox import publish, publish_each
 
+#: The operations of a tracked model and their event types' default suffix.
+SUFFIXES = {
+    "create": "Created",
+    "update": "Updated",
+    "soft_delete": "SoftDeleted",
+    "delete": "Deleted",
+}
 #: model class -> its tracking
 _tracked: dict[type[models.Model], Tracking] = {}
 #: While set, tracked writes publish nothing (:func:`untracked`).
@@ -84,9 +91,19 @@ class Tracking:
     name: str
     fields: tuple[models.Field, ...]
     soft_delete: models.Field | None
+    #: The events' aggregate type (default: the model's label).
+    aggregate_type: str
+    #: operation -> event type suffix (:data:`SUFFIXES` with ``names`` over it).
+    suffixes: dict[str, str]
+    #: Keys of ``names`` that are no operation (``manage.py check`` names them).
+    unknown_names: tuple[str, ...] = ()
 
-    def event_type(self, suffix: str) -> str:
-        return f"{self.name}{suffix}"
+    def event_type(self, operation: str) -> str:
+        return f"{self.name}{self.suffixes[operation]}"
+
+    def aggregate(self, pk: Any) -> tuple[str, Any]:
+        """The ``(aggregate_type, aggregate_id)`` of the row ``pk``."""
+        return self.aggregate_type, pk
 
     def values(self, instance: models.Model) -> dict[str, Any]:
         return {
@@ -110,6 +127,8 @@ def track(
     exclude: Iterable[str] = (),
     soft_delete: str | None = None,
     name: str | None = None,
+    aggregate_type: str | None = None,
+    names: dict[str, str] | None = None,
 ):
     """Class decorator: publish a change event for every write of the model.
 
@@ -121,6 +140,15 @@ def track(
         soft_delete: a nullable field whose change from empty to a value is a
             soft delete (``{Name}SoftDeleted``, operation ``soft_delete``).
         name: the event types' prefix (default: the model's class name).
+        aggregate_type: the events' aggregate type, 1 to 150 characters
+            (default: the model's label, ``shop.Product``); a short code
+            (``"PRD"``) or a name (``"Product"``) as subscribers know it.
+        names: the event type suffix of each operation (``create``,
+            ``update``, ``soft_delete``, ``delete``) over the defaults
+            :data:`SUFFIXES`: ``{"soft_delete": "Deleted", "delete":
+            "ForceDeleted"}`` publishes ``ProductDeleted`` for a soft delete
+            and ``ProductForceDeleted`` for a row deleted for good. Another
+            key is reported by ``manage.py check`` (``outbox.E026``).
 
     Returns:
         The model class, its ``save`` wrapped.
@@ -145,12 +173,24 @@ def track(
         except FieldDoesNotExist as exc:
             raise ImproperlyConfigured(f"@track on {opts.label}: {exc}") from exc
         prefix = name or cls.__name__
-        validate_event_type(f"{prefix}SoftDeleted")
+        given = dict(names or {})
+        suffixes = {op: given.get(op, suffix) for op, suffix in SUFFIXES.items()}
+        for suffix in suffixes.values():
+            validate_event_type(f"{prefix}{suffix}")
+        kind = aggregate_type if aggregate_type is not None else opts.label
+        if not isinstance(kind, str) or not 0 < len(kind) <= 150:
+            raise ImproperlyConfigured(
+                f"@track on {opts.label}: aggregate_type must be a string of 1 "
+                f"to 150 characters, got {kind!r}"
+            )
         spec = Tracking(
             cls,
             prefix,
             tuple(f for f in wanted if f.name not in skipped and f.concrete),
             soft,
+            kind,
+            suffixes,
+            tuple(sorted(set(given) - set(SUFFIXES))),
         )
         _tracked[cls] = spec
         cls.save = _saving(cls.save, spec)
@@ -160,6 +200,11 @@ def track(
         return cls
 
     return register(model) if model is not None else register
+
+
+def tracked_models() -> list[Tracking]:
+    """How each model ``@track`` registered is tracked."""
+    return list(_tracked.values())
 
 
 @contextlib.contextmanager
@@ -196,7 +241,7 @@ def _saving(save, spec: Tracking):
 def _publish_save(spec, instance, before, update_fields, using) -> None:
     after = spec.values(instance)
     if before is None:
-        event, operation = _event(spec, "Created", instance.pk, values=after), "create"
+        event, operation = _event(spec, "create", instance.pk, values=after), "create"
     else:
         names = {f.attname for f in spec.fields}
         if update_fields is not None:
@@ -206,7 +251,9 @@ def _publish_save(spec, instance, before, update_fields, using) -> None:
         if change is None:
             return
         event, operation = change
-    publish(event, aggregate=instance, operation=operation, using=using)
+    publish(
+        event, aggregate=spec.aggregate(instance.pk), operation=operation, using=using
+    )
 
 
 def _change(
@@ -220,10 +267,10 @@ def _change(
         return None
     soft = spec.soft_delete
     if soft is not None and before[soft.attname] is None and after[soft.attname]:
-        return _event(spec, "SoftDeleted", pk, values=after), "soft_delete"
+        return _event(spec, "soft_delete", pk, values=after), "soft_delete"
     event = _event(
         spec,
-        "Updated",
+        "update",
         pk,
         changed={n: after[n] for n in changed},
         previous={n: before[n] for n in changed},
@@ -238,8 +285,8 @@ def _deleted(sender, instance, using, **kwargs) -> None:
     spec = _tracked[sender]
     pk = instance.pk
     item = (
-        _event(spec, "Deleted", pk, values=spec.values(instance)),
-        (spec.model._meta.label, pk),
+        _event(spec, "delete", pk, values=spec.values(instance)),
+        spec.aggregate(pk),
     )
     buffer = _deleting.get()
     if buffer is not None:
@@ -248,9 +295,9 @@ def _deleted(sender, instance, using, **kwargs) -> None:
         publish_each([item], operation="delete", using=using)
 
 
-def _event(spec: Tracking, suffix: str, pk: Any, **payload: Any) -> dict[str, Any]:
+def _event(spec: Tracking, operation: str, pk: Any, **payload: Any) -> dict[str, Any]:
     return {
-        "event_type": spec.event_type(suffix),
+        "event_type": spec.event_type(operation),
         "payload": {"pk": pk, **payload},
     }
 
@@ -368,8 +415,8 @@ def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
     publish_each(
         [
             (
-                _event(spec, "Created", obj.pk, values=spec.values(obj)),
-                (spec.model._meta.label, obj.pk),
+                _event(spec, "create", obj.pk, values=spec.values(obj)),
+                spec.aggregate(obj.pk),
             )
             for obj in objs
         ],
@@ -436,7 +483,7 @@ def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:
             change = _change(spec, pk, was, spec.values(after[pk]), names)
             if change is not None:
                 event, operation = change
-                item = (event, (spec.model._meta.label, pk))
+                item = (event, spec.aggregate(pk))
                 by_operation.setdefault(operation, []).append(item)
         for operation, items in by_operation.items():
             publish_each(items, operation=operation, using=using)

@@ -10,7 +10,7 @@ import pytest
 from django.core.files.base import ContentFile
 from django.db import connection, models, transaction
 from django.test import RequestFactory
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.utils import timezone
 
 from outbox_app import OutboxEvent, UntrackedWrite, acting, untracked
@@ -301,3 +301,94 @@ def test_a_malformed_operation_is_refused_before_the_insert(operation):
     with pytest.raises(InvalidEvent, match="operation"), transaction.atomic():
         publish({"event_type": "Noted", "payload": {}}, operation=operation)
     assert events() == []
+
+
+def test_the_aggregate_type_and_event_names_are_the_subscribers(settings):
+    from django.core.management import call_command
+
+    from outbox_app.relay import relay_once
+    from outbox_app.relay.registry import close_publishers
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget.price = 6
+    gadget.save()
+    gadget.removed_at = timezone.now()
+    gadget.save()
+    Gadget.objects.create(name="Fan").delete()
+    published = [(e.event_type, e.aggregate_type, e.operation) for e in events()]
+    assert published == [
+        ("GadgetCreated", "Gadget", "create"),
+        ("GadgetUpdated", "Gadget", "update"),
+        ("GadgetDeleted", "Gadget", "soft_delete"),
+        ("GadgetCreated", "Gadget", "create"),
+        ("GadgetForceDeleted", "Gadget", "delete"),
+    ]
+    settings.OUTBOX_PUBLISHERS = {
+        "bus": {
+            "URL": "memory://",
+            "EXCHANGE": "gadgets",
+            "ROUTING_KEY": "{dimension}.{operation}",
+        }
+    }
+    call_command("check")
+    from kombu import Connection, Exchange, Queue
+
+    with Connection("memory://") as conn:
+        queue = Queue("gadgets-q", Exchange("gadgets", "topic"), routing_key="#")
+        queue(conn.default_channel).declare()
+        try:
+            assert relay_once(kind="publisher").succeeded == 5
+            keys = [
+                queue(conn.default_channel)
+                .get(no_ack=True)
+                .delivery_info["routing_key"]
+                for _ in range(5)
+            ]
+        finally:
+            close_publishers()
+    assert sorted(keys) == sorted(
+        [
+            "gadget.create",
+            "gadget.update",
+            "gadget.soft_delete",
+            "gadget.create",
+            "gadget.delete",
+        ]
+    )
+
+
+@isolate_apps("tests.testapp")
+def test_an_unknown_name_key_is_refused_by_a_check():
+    from outbox_app import track
+    from outbox_app.ops.checks import check_tracked_models
+    from outbox_app.publishing import tracking
+
+    class Probe(models.Model):
+        class Meta:
+            app_label = "testapp"
+
+    try:
+        track(names={"softdelete": "Gone"})(Probe)
+        [error] = check_tracked_models()
+        assert error.id == "outbox.E026" and "['softdelete']" in error.msg
+    finally:
+        del tracking._tracked[Probe]
+        from django.db.models.signals import post_delete
+
+        post_delete.disconnect(tracking._deleted, sender=Probe)
+    assert check_tracked_models() == []
+
+
+@isolate_apps("tests.testapp")
+def test_a_malformed_aggregate_type_is_refused_at_import():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from outbox_app import track
+
+    class Probe(models.Model):
+        class Meta:
+            app_label = "testapp"
+
+    with pytest.raises(ImproperlyConfigured, match="aggregate_type"):
+        track(aggregate_type="")(Probe)
