@@ -30,7 +30,13 @@ How each write is covered, so no write escapes silently:
   the outbox rule holds: no change without its event, no event without its
   change). An update reads the stored row with ``SELECT ... FOR UPDATE`` first:
   ``previous`` is what the database held, and concurrent saves of the row are
-  serialised. A save that changes no tracked field publishes nothing.
+  serialised. A save that changes no tracked field publishes nothing, nor
+  one that changes only ``auto_now`` fields. Values are compared and
+  published as the database stores them: one not yet in its stored form
+  (text for a number or a date, a Decimal of another scale, an ``F()``
+  expression) is read back after the save. A new instance whose primary key
+  has no default may name a stored row: it is read first, and Django's
+  ``UPDATE`` of it publishes an Updated event, not a Created one.
 - ``delete()``, ``QuerySet.delete()`` and deletes by cascade publish through
   Django's ``post_delete`` signal, inside the deletion's transaction; one
   INSERT for all the events of one ``delete()`` call.
@@ -52,14 +58,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 from django.db.models.fields.files import FieldFile
 from django.db.models.signals import post_delete
+from django.utils import timezone
 
 from ..events.types import validate_event_type
 from ..exceptions import UntrackedWrite
@@ -105,10 +115,32 @@ class Tracking:
         """The ``(aggregate_type, aggregate_id)`` of the row ``pk``."""
         return self.aggregate_type, pk
 
-    def values(self, instance: models.Model) -> dict[str, Any]:
+    def values(self, instance: models.Model, using: str) -> dict[str, Any]:
+        """The tracked values of a saved ``instance`` as the database holds
+        them: read back (one SELECT of those fields) when one is not yet in
+        its stored form (text for a number or a date, a Decimal of another
+        scale, an ``F()`` expression)."""
+        values = {f.attname: f.value_from_object(instance) for f in self.fields}
+        unsure = [f.attname for f in self.fields if not _stored(f, values[f.attname])]
+        if unsure:
+            rows = self.model._base_manager.using(using).filter(pk=instance.pk)
+            values.update(rows.values(*unsure).get())
+        return {f.attname: _plain(f, values[f.attname]) for f in self.fields}
+
+    def last_values(self, instance: models.Model) -> dict[str, Any]:
+        """The tracked values ``instance`` holds (one just read from the
+        database, or deleted: its last values)."""
         return {
             f.attname: _plain(f, f.value_from_object(instance)) for f in self.fields
         }
+
+    @functools.cached_property
+    def auto_now(self) -> frozenset[str]:
+        """The tracked fields ``save()`` sets itself (``auto_now``): their
+        change alone is no change of the row."""
+        return frozenset(
+            f.attname for f in self.fields if getattr(f, "auto_now", False)
+        )
 
     def stored(self, rows: models.QuerySet) -> dict[Any, dict[str, Any]]:
         """The tracked values of ``rows`` as the database holds them, by
@@ -228,7 +260,9 @@ def _saving(save, spec: Tracking):
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         with transaction.atomic(using=using):
             before = None
-            if not self._state.adding and self.pk is not None:
+            if self.pk is not None and (
+                not self._state.adding or not self._meta.pk.has_default()
+            ):  # a row that may be stored: Django updates it if it is
                 rows = spec.model._base_manager.using(using).filter(pk=self.pk)
                 before = next(iter(spec.stored(rows).values()), None)
             result = save(self, *args, **kwargs)
@@ -239,7 +273,7 @@ def _saving(save, spec: Tracking):
 
 
 def _publish_save(spec, instance, before, update_fields, using) -> None:
-    after = spec.values(instance)
+    after = spec.values(instance, using)
     if before is None:
         event, operation = _event(spec, "create", instance.pk, values=after), "create"
     else:
@@ -263,7 +297,7 @@ def _change(
     by attname), comparing ``names``, and its operation; None when none of
     them changed."""
     changed = sorted(n for n in names if before[n] != after[n])
-    if not changed:
+    if not set(changed) - spec.auto_now:
         return None
     soft = spec.soft_delete
     if soft is not None and before[soft.attname] is None and after[soft.attname]:
@@ -285,7 +319,7 @@ def _deleted(sender, instance, using, **kwargs) -> None:
     spec = _tracked[sender]
     pk = instance.pk
     item = (
-        _event(spec, "delete", pk, values=spec.values(instance)),
+        _event(spec, "delete", pk, values=spec.last_values(instance)),
         spec.aggregate(pk),
     )
     buffer = _deleting.get()
@@ -300,6 +334,27 @@ def _event(spec: Tracking, operation: str, pk: Any, **payload: Any) -> dict[str,
         "event_type": spec.event_type(operation),
         "payload": {"pk": pk, **payload},
     }
+
+
+def _stored(field: models.Field, value: Any) -> bool:
+    """Whether ``value`` is already what reading ``field`` back would give:
+    its Python type (``to_python``), a Decimal at the field's scale, an aware
+    datetime under ``USE_TZ``; not an expression."""
+    if value is None or isinstance(field, models.FileField):
+        return True
+    if hasattr(value, "resolve_expression"):
+        return False
+    try:
+        python = field.to_python(value)
+    except ValidationError:
+        return False
+    if type(python) is not type(value) or python != value:
+        return False
+    if isinstance(field, models.DecimalField) and python.is_finite():
+        return python.as_tuple().exponent == -field.decimal_places
+    if isinstance(python, datetime.datetime) and settings.USE_TZ:
+        return timezone.is_aware(python)
+    return True
 
 
 def _plain(field: models.Field, value: Any) -> Any:
@@ -415,7 +470,7 @@ def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
     publish_each(
         [
             (
-                _event(spec, "create", obj.pk, values=spec.values(obj)),
+                _event(spec, "create", obj.pk, values=spec.values(obj, using)),
                 spec.aggregate(obj.pk),
             )
             for obj in objs
@@ -480,7 +535,7 @@ def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:
         for pk, was in before.items():
             if pk not in after:
                 continue
-            change = _change(spec, pk, was, spec.values(after[pk]), names)
+            change = _change(spec, pk, was, spec.last_values(after[pk]), names)
             if change is not None:
                 event, operation = change
                 item = (event, spec.aggregate(pk))

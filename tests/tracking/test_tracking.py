@@ -392,3 +392,72 @@ def test_a_malformed_aggregate_type_is_refused_at_import():
 
     with pytest.raises(ImproperlyConfigured, match="aggregate_type"):
         track(aggregate_type="")(Probe)
+
+
+# --- never invent a change, never miss one ------------------------------------------
+
+
+def gadget_events() -> list[tuple[str, dict]]:
+    found = [(e.event_type, e.payload) for e in events()]
+    OutboxEvent.objects.all().delete()
+    return found
+
+
+def test_values_are_compared_and_published_as_the_database_stores_them():
+    import datetime
+
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5, launched="2024-05-01")
+    [(_, created)] = gadget_events()
+    stored = Gadget.objects.get()
+    assert created["values"]["price"] == str(stored.price) == "5.00"
+    assert created["values"]["launched"] == "2024-05-01"
+    # Text that the database stores as it holds already, and a save that only
+    # moves the auto_now field, are no change.
+    gadget.price, gadget.launched = "5.00", "2024-05-01"
+    gadget.save()
+    gadget.launched = datetime.date(2024, 5, 1)
+    gadget.save()
+    assert gadget_events() == []
+    # A Decimal the database rounds is published as it rounded it.
+    gadget.price = decimal.Decimal("7.123")
+    gadget.save()
+    [(event_type, updated)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert updated["changed"]["price"] == str(Gadget.objects.get().price)
+    # The auto_now field moved with it: part of the change, never one alone.
+    assert set(updated["changed"]) == {"price", "touched"}
+    assert updated["previous"]["price"] == "5.00"
+    gadget.price = decimal.Decimal("7.12")
+    gadget.save()
+    assert gadget_events() == []
+
+
+def test_a_new_instance_with_a_stored_primary_key_publishes_an_update():
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget_events()
+    Gadget(pk=gadget.pk, name="Lamp", price=6).save()
+    [(event_type, payload)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert payload["changed"]["price"] == "6.00"
+    assert payload["previous"]["price"] == "5.00"
+    Gadget(pk=gadget.pk + 100, name="New", price=1).save()  # not stored: created
+    assert [t for t, _ in gadget_events()] == ["GadgetCreated"]
+
+
+def test_an_f_expression_in_save_publishes_the_value_it_wrote():
+    from django.db.models import F
+
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget_events()
+    gadget.price = F("price") + 1
+    gadget.save()
+    [(event_type, payload)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert payload["changed"]["price"] == "6.00"
+    assert payload["previous"]["price"] == "5.00"
