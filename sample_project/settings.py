@@ -114,6 +114,23 @@ OUTBOX_PUBLISHERS = {
         "DECLARE": [SHOP_EVENTS_QUEUE],
     }
 }
+# The catalog's change events in the CoreWrite format, on a fanout exchange of
+# their own: every subscriber's queue (sample_consumer/search_indexer.py's
+# search-indexer) gets each one.
+SHOP_CATALOG_EXCHANGE = env("SHOP_CATALOG_EXCHANGE", default="shop.catalog")
+OUTBOX_PUBLISHERS["catalog"] = {
+    "URL": SHOP_BROKER_URL,
+    "EXCHANGE": SHOP_CATALOG_EXCHANGE,
+    "EXCHANGE_TYPE": "fanout",
+    "FORMAT": "corewrite",
+    "ORDERED": True,  # each listing's events in the order they happened
+    "EVENT_TYPES": [
+        "ListingCreated",
+        "ListingUpdated",
+        "ListingDeleted",
+        "ListingForceDeleted",
+    ],
+}
 SHOP_NATS_URL = env("SHOP_NATS_URL", default="")
 SHOP_NATS_STREAM = env("SHOP_NATS_STREAM", default="SHOP_EVENTS")
 SHOP_NATS_SUBJECT_PREFIX = env("SHOP_NATS_SUBJECT_PREFIX", default="shop")

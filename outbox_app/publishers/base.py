@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -39,8 +39,59 @@ from django.utils.module_loading import import_string
 
 from ..exceptions import DeliveryError, UndeliverableMessage
 from ..subscribers import WILDCARD, DeliveryContext, Kind, Subscriber
+from . import cloudevents, corewrite
 
 DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """How a publisher writes an event: a ``FORMAT`` option's value."""
+
+    #: The message's content type.
+    content_type: str
+    #: The message body of a delivery (raises ValueError, TypeError for one
+    #: that cannot be encoded).
+    body: Callable[[DeliveryContext], bytes]
+    #: What ``{operation}`` in a destination template spells for an event's
+    #: operation (None: no operation).
+    operation: Callable[[str | None], str | None]
+    #: The routing key or subject template a publisher of this format uses
+    #: when its options name none (None: the publisher's own default).
+    default_key: str | None = None
+
+
+#: ``FORMAT`` -> the wire format: CloudEvents 1.0 structured mode (the
+#: default; ``publishers/cloudevents.py``) or the CoreWrite JSON object
+#: (``publishers/corewrite.py``).
+FORMATS = {
+    "cloudevents": WireFormat(
+        cloudevents.CONTENT_TYPE, cloudevents.body, lambda operation: operation
+    ),
+    "corewrite": WireFormat(
+        corewrite.CONTENT_TYPE,
+        corewrite.body,
+        lambda operation: corewrite.operation(operation).lower(),
+        "{dimension}.{operation}",
+    ),
+}
+
+
+def wire_format(name: str, options: Mapping[str, Any]) -> WireFormat:
+    """The wire format the ``FORMAT`` option of ``OUTBOX_PUBLISHERS[name]``
+    names (default ``"cloudevents"``).
+
+    Raises:
+        ImproperlyConfigured: a name that is not in :data:`FORMATS`.
+    """
+    chosen = options.get("FORMAT", "cloudevents")
+    if chosen not in FORMATS:
+        raise config_error(
+            name, f"'FORMAT' must be one of {sorted(FORMATS)}, got {chosen!r}"
+        )
+    return FORMATS[chosen]
+
+
 #: Options every publisher understands; a backend adds its own.
 COMMON_OPTIONS = frozenset(
     {"BACKEND", "EVENT_TYPES", "ORDERED", "MAX_ATTEMPTS", "ALIASES"}
@@ -205,10 +256,16 @@ def template_fields(name: str, option: str, template: Any) -> frozenset[str]:
     return frozenset(used)
 
 
-def render(template: str, used: frozenset[str], context: DeliveryContext) -> str:
+def render(
+    template: str,
+    used: frozenset[str],
+    context: DeliveryContext,
+    wire: WireFormat = FORMATS["cloudevents"],
+) -> str:
     """``template`` formatted with ``context``'s fields ``used`` (as
-    :func:`template_fields` found them, :data:`DERIVED_FIELDS` included); a
-    ``None`` field formats as ``""``.
+    :func:`template_fields` found them, :data:`DERIVED_FIELDS` included), the
+    operation as the ``wire`` format spells it; a ``None`` field formats as
+    ``""``.
 
     Raises:
         KeyError, IndexError, AttributeError: an item or attribute the template
@@ -218,6 +275,8 @@ def render(template: str, used: frozenset[str], context: DeliveryContext) -> str
     for field in used:
         derived = DERIVED_FIELDS.get(field)
         value = derived(context) if derived else getattr(context, field)
+        if field == "operation":
+            value = wire.operation(value)
         values[field] = "" if value is None else value
     return template.format_map(values)
 

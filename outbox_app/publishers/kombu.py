@@ -43,7 +43,6 @@ from ..exceptions import (
 )
 from ..store.clock import database_now
 from ..subscribers import DeliveryContext
-from . import cloudevents
 from .base import (
     COMMON_OPTIONS,
     Publisher,
@@ -53,8 +52,8 @@ from .base import (
     render,
     template_fields,
     undeliverable,
+    wire_format,
 )
-from .cloudevents import CONTENT_TYPE
 
 DEFAULT_ROUTING_KEY = "{aggregate_type}.{event_type}"
 EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
@@ -67,6 +66,7 @@ OWN_OPTIONS = {
     "DECLARE",
     "TRANSPORT_OPTIONS",
     "CONNECT_RETRIES",
+    "FORMAT",
 }
 MAX_ROUTING_KEY_BYTES = 255  # an AMQP shortstr
 #: The longest AMQP short string (the ``type`` and ``message_id``
@@ -100,11 +100,19 @@ class KombuPublisher(Publisher):
         Exchange name. Declared durable, once per connection.
     ``EXCHANGE_TYPE`` (default ``"topic"``)
         ``topic``, ``direct``, ``fanout`` or ``headers``.
-    ``ROUTING_KEY`` (default ``"{aggregate_type}.{event_type}"``)
+    ``ROUTING_KEY`` (default ``"{aggregate_type}.{event_type}"``; with
+    ``FORMAT`` ``corewrite``, ``"{dimension}.{operation}"``)
         :meth:`str.format` template over the
         :class:`~outbox_app.subscribers.DeliveryContext` fields (``event_type``,
         ``aggregate_type``, ``aggregate_id``, ``namespace``, ``tenant_id``,
-        ``revision``, ...); a ``None`` field formats as ``""``.
+        ``revision``, ``operation``, ...) and ``dimension`` (the aggregate
+        type lower-cased); a ``None`` field formats as ``""``.
+    ``FORMAT`` (default ``"cloudevents"``)
+        The body: ``cloudevents`` (the CloudEvents JSON envelope, content type
+        ``application/cloudevents+json``) or ``corewrite`` (the CoreWrite
+        JSON object of :mod:`~outbox_app.publishers.corewrite`, content type
+        ``application/json``; ``{operation}`` in the routing key is then
+        ``post``, ``patch`` or ``delete``).
     ``CONFIRM_TIMEOUT`` (default ``10``)
         Seconds to wait for a batch's publisher confirms (RabbitMQ), and the
         bound on each socket write or broker reply of the batch. Unconfirmed
@@ -120,19 +128,20 @@ class KombuPublisher(Publisher):
         Connection attempts retried within one ``send_batch`` before its
         messages fail (and are retried by the relay with backoff).
 
-    Behaviour: each message is the event's CloudEvents JSON envelope
-    (:func:`~outbox_app.publishers.cloudevents.to_cloudevent`), content type
-    ``application/cloudevents+json``, persistent (delivery mode 2), with the event
-    id as ``message_id`` and the event type as ``type``. An event published with
-    ``expires_at`` carries the time it has left as the message's ``expiration``
-    (milliseconds): RabbitMQ drops it from the queues it reaches once that passes
-    (per-message TTL; kombu's Redis transport ignores it, and ``manage.py consume``
-    drops a message whose CloudEvents ``expiretime`` has passed wherever it came
-    from). On AMQP it is published ``mandatory``: a message no queue is bound for
-    comes back (``basic.return``) and fails as unroutable. A message is reported
-    delivered only after the broker's ``basic.ack``. A ``basic.nack`` or a return
-    fails it with a :class:`~outbox_app.exceptions.DeliveryError` (an attempt,
-    retried with backoff). A message the broker can never take fails alone with
+    Behaviour: each message is the event in its ``FORMAT`` (by default the
+    CloudEvents JSON envelope,
+    :func:`~outbox_app.publishers.cloudevents.to_cloudevent`), persistent (delivery
+    mode 2), with the event id as ``message_id`` and the event type as ``type``. An
+    event published with ``expires_at`` carries the time it has left as the
+    message's ``expiration`` (milliseconds): RabbitMQ drops it from the queues it
+    reaches once that passes (per-message TTL; kombu's Redis transport ignores it,
+    and ``manage.py consume`` drops a message whose CloudEvents ``expiretime`` has
+    passed wherever it came from). On AMQP it is published ``mandatory``: a message
+    no queue is bound for comes back (``basic.return``) and fails as unroutable. A
+    message is reported delivered only after the broker's ``basic.ack``. A
+    ``basic.nack`` or a return fails it with a
+    :class:`~outbox_app.exceptions.DeliveryError` (an attempt, retried with
+    backoff). A message the broker can never take fails alone with
     :class:`~outbox_app.exceptions.UndeliverableMessage` (it goes to the dead letter
     at once; the rest of the batch is delivered): one that cannot be encoded (on
     AMQP a routing key, ``type`` or ``message_id`` over 255 UTF-8 bytes), or a body
@@ -207,7 +216,10 @@ class KombuPublisher(Publisher):
         #: RabbitMQ through py-amqp: publisher confirms and mandatory publishing.
         self.amqp = isinstance(transport, pyamqp.Transport)
         self.exchange = Exchange(exchange, type=exchange_type, durable=True)
-        self.routing_key = options.get("ROUTING_KEY", DEFAULT_ROUTING_KEY)
+        self.wire = wire_format(name, options)
+        self.routing_key = options.get(
+            "ROUTING_KEY", self.wire.default_key or DEFAULT_ROUTING_KEY
+        )
         self._key_fields = template_fields(name, "ROUTING_KEY", self.routing_key)
         self.confirm_timeout = float(timeout)
         self.queues = [
@@ -311,8 +323,8 @@ class KombuPublisher(Publisher):
     def _encode(
         self, context: DeliveryContext
     ) -> tuple[bytes, str, str, str, int | None]:
-        body = cloudevents.body(context)
-        key = render(self.routing_key, self._key_fields, context)
+        body = self.wire.body(context)
+        key = render(self.routing_key, self._key_fields, context, self.wire)
         if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
             raise ValueError(f"routing key longer than 255 bytes: {key[:60]!r}...")
         message_id, event_type = str(context.event_id), context.event_type
@@ -407,7 +419,7 @@ class KombuPublisher(Publisher):
                 producer.publish(
                     body,
                     routing_key=key,
-                    content_type=CONTENT_TYPE,
+                    content_type=self.wire.content_type,
                     content_encoding="utf-8",
                     delivery_mode=2,
                     message_id=message_id,
@@ -453,7 +465,7 @@ class KombuPublisher(Publisher):
                 index, body, key, message_id, event_type, ttl = entry
                 message = amqp.Message(
                     body,
-                    content_type=CONTENT_TYPE,
+                    content_type=self.wire.content_type,
                     content_encoding="utf-8",
                     delivery_mode=2,
                     message_id=message_id,

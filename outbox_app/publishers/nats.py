@@ -49,7 +49,6 @@ from ..exceptions import (
     PublisherUnavailable,
 )
 from ..subscribers import DeliveryContext
-from . import cloudevents
 from .base import (
     COMMON_OPTIONS,
     Publisher,
@@ -59,6 +58,7 @@ from .base import (
     render,
     template_fields,
     undeliverable,
+    wire_format,
 )
 
 DEFAULT_SUBJECT = "outbox.{event_type}"
@@ -72,6 +72,7 @@ OWN_OPTIONS = frozenset(
         "STREAM_SUBJECTS",
         "DUPLICATE_WINDOW",
         "CONNECT_OPTIONS",
+        "FORMAT",
     }
 )
 #: ``nats.connect`` arguments the publisher sets itself.
@@ -141,14 +142,18 @@ class JetStreamPublisher(Publisher):
         (``outbox.W005``) when a declared window is not longer, and the
         publisher logs a warning once when it connects to a stream whose
         window is not.
+    ``FORMAT`` (default ``"cloudevents"``)
+        The body, as ``KombuPublisher``'s: ``cloudevents`` or ``corewrite``
+        (its content type in the ``Content-Type`` header).
     ``CONNECT_OPTIONS`` (default ``{}``)
         Passed to ``nats.connect`` (``user_credentials``, ``tls``, ``token``,
         ``name``, ...); the reconnect and callback arguments are the
         publisher's own.
 
-    Behaviour: each message is the event's CloudEvents JSON envelope
-    (:func:`~outbox_app.publishers.cloudevents.body`) with the headers
-    ``Content-Type: application/cloudevents+json``, ``Nats-Msg-Id`` =
+    Behaviour: each message is the event in its ``FORMAT`` (by default the
+    CloudEvents JSON envelope, :func:`~outbox_app.publishers.cloudevents.body`)
+    with the headers ``Content-Type`` (``application/cloudevents+json`` by
+    default), ``Nats-Msg-Id`` =
     ``<namespace>:<publisher name>:<event id>`` (:func:`message_id`) and
     ``Nats-Expected-Stream`` = ``STREAM``. A message is reported
     delivered once its PubAck arrives, a duplicate's included (the stream
@@ -222,6 +227,7 @@ class JetStreamPublisher(Publisher):
         self.servers = list(servers)
         self.where = ", ".join(map(mask_url, self.servers))  # for messages
         self.stream = stream
+        self.wire = wire_format(name, options)
         self.subject = options.get("SUBJECT", DEFAULT_SUBJECT)
         self._subject_fields = template_fields(name, "SUBJECT", self.subject)
         self.ack_timeout = _seconds(name, options, "ACK_TIMEOUT", 10)
@@ -315,7 +321,7 @@ class JetStreamPublisher(Publisher):
     # --- encoding -------------------------------------------------------------
 
     def _encode(self, context: DeliveryContext) -> tuple[str, bytes, dict[str, str]]:
-        subject = render(self.subject, self._subject_fields, context)
+        subject = render(self.subject, self._subject_fields, context, self.wire)
         tokens = subject.split(".")
         if not all(SUBJECT_TOKEN.fullmatch(t) and t not in "*>" for t in tokens):
             raise ValueError(
@@ -323,11 +329,11 @@ class JetStreamPublisher(Publisher):
                 "whitespace or a wildcard)"
             )
         headers = {
-            "Content-Type": cloudevents.CONTENT_TYPE,
+            "Content-Type": self.wire.content_type,
             MSG_ID: message_id(context.namespace, self.name, context.event_id),
             EXPECTED_STREAM: self.stream,
         }
-        return subject, cloudevents.body(context), headers
+        return subject, self.wire.body(context), headers
 
     # --- the event loop thread ------------------------------------------------
 

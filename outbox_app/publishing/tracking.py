@@ -234,6 +234,16 @@ def track(
     return register(model) if model is not None else register
 
 
+def primary_key_name(aggregate_type: str | None) -> str:
+    """The primary key's attribute name of the tracked model whose events
+    have ``aggregate_type`` (``"id"`` mostly); ``"pk"`` when no tracked model
+    of this process has it."""
+    for spec in _tracked.values():
+        if spec.aggregate_type == aggregate_type:
+            return spec.model._meta.pk.attname
+    return "pk"
+
+
 def tracked_models() -> list[Tracking]:
     """How each model ``@track`` registered is tracked."""
     return list(_tracked.values())

@@ -110,3 +110,23 @@ class ConsumedMessage(models.Model):
     message_id = models.CharField(max_length=64, unique=True)
     event_type = models.CharField(max_length=255)
     consumed_at = models.DateTimeField(auto_now_add=True)
+
+
+@track(
+    aggregate_type="LST",
+    soft_delete="withdrawn_at",
+    names={"soft_delete": "Deleted", "delete": "ForceDeleted"},
+)
+class Listing(models.Model):
+    """A product's page in the catalog, searchable. Tracked the way CoreWrite
+    subscribers expect (``FORMAT: corewrite`` on the ``catalog`` publisher):
+    aggregate type ``LST``, ``ListingDeleted`` when withdrawn (a soft delete),
+    ``ListingForceDeleted`` when deleted for good."""
+
+    title = models.CharField(max_length=100)
+    price = models.DecimalField(max_digits=10, decimal_places=2)
+    description = models.TextField(blank=True, default="")
+    withdrawn_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.title

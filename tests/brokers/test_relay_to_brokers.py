@@ -366,3 +366,56 @@ def test_who_acted_reaches_the_broker(rabbitmq, settings, unique, django_user_mo
         "path": "/products/",
         "request_id": "req-9",
     }
+
+
+def test_a_corewrite_subscriber_reads_tracked_changes_from_a_fanout_exchange(
+    rabbitmq, settings, unique, django_user_model
+):
+    from outbox_app import acting
+    from tests.testapp.models import Gadget
+
+    queue = rabbitmq.bind(f"{unique}-search-indexer", unique, exchange_type="fanout")
+    configure(
+        settings, rabbitmq.url, unique, EXCHANGE_TYPE="fanout", FORMAT="corewrite"
+    )
+    with acting("ana@example.com", source="productManagement"):
+        gadget = Gadget.objects.create(name="Widget Pro", price="99.99")
+        gadget.price = "89.99"
+        gadget.save()
+        gadget.removed_at = timezone.now()
+        gadget.save()
+    Gadget.objects.create(name="Gone").delete()
+    assert relay_once(kind="publisher").succeeded == 5
+    messages = rabbitmq.drain(queue)
+    # What the subscriber does: JSON.parse(msg.content), switch on EVENT_TYPE.
+    index: dict[str, dict] = {}
+    for message in messages:
+        assert message.content_type == "application/json"
+        event = json.loads(message.body)
+        assert event["STATUS"] == "PUBLISHED" and len(event["CREATED_AT"]) == 14
+        match event["EVENT_TYPE"]:
+            case "GadgetCreated":
+                index[event["AGGREGATE_ID"]] = dict(event["PAYLOAD"])
+            case "GadgetUpdated":
+                index[event["AGGREGATE_ID"]].update(event["PAYLOAD"])
+                assert event["PREVIOUS_PAYLOAD"] == {
+                    "price": "99.99",
+                    "touched": event["PREVIOUS_PAYLOAD"]["touched"],
+                }
+            case "GadgetDeleted" | "GadgetForceDeleted":
+                assert event["OPERATION"] == "DELETE"
+                index.pop(event["AGGREGATE_ID"])
+    assert index == {}
+    first = json.loads(messages[0].body)
+    assert first["AGGREGATE_TYPE"] == "Gadget" and first["OPERATION"] == "POST"
+    assert first["PAYLOAD"]["id"] == gadget.pk
+    assert first["PAYLOAD"]["price"] == "99.99"
+    assert first["USER"] == "ana@example.com"
+    assert first["METADATA"] == {"source": "productManagement"}
+    assert [m.delivery_info["routing_key"] for m in messages] == [
+        "gadget.post",
+        "gadget.patch",
+        "gadget.delete",
+        "gadget.post",
+        "gadget.delete",
+    ]

@@ -322,3 +322,93 @@ def test_a_second_project_consumes_the_shop_s_events_once(shop_env, tmp_path):
             ).fetchall()
         )
     assert set(states) == {"HANDLED"}, states
+
+
+@pytest.mark.services("rabbitmq")
+def test_a_corewrite_subscriber_indexes_the_catalog(shop_env, tmp_path):
+    """sample_consumer/search_indexer.py reads the shop's catalog (Listing's
+    change events, FORMAT corewrite, on a fanout exchange) as a CoreWrite
+    subscriber does; the shop's relay is run twice over the same events (a
+    replay), and the index ends as the catalog is, each change applied once."""
+    require_service("rabbitmq")
+    from kombu import Connection, Exchange, Queue
+
+    exchange = f"shop.catalog.{uuid.uuid4().hex[:8]}"
+    queue = f"search-indexer.{exchange}"
+    shop = {
+        **shop_env,
+        "OUTBOX_BROKER_URL": RABBITMQ,
+        "SHOP_CATALOG_EXCHANGE": exchange,
+    }
+    index = tmp_path / "search-index.json"
+    indexer = Watched(
+        subprocess.Popen(
+            [sys.executable, "-m", "sample_consumer.search_indexer"],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "OUTBOX_BROKER_URL": RABBITMQ,
+                "SHOP_CATALOG_EXCHANGE": exchange,
+                "SEARCH_QUEUE": queue,
+                "SEARCH_INDEX": str(index),
+            },
+            stdout=subprocess.PIPE,  # unused: it logs to stderr
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+
+    def documents() -> dict:
+        return json.loads(index.read_text())["documents"] if index.exists() else {}
+
+    def wait(predicate, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not predicate():
+            assert indexer.process.poll() is None, indexer.text()
+            assert time.monotonic() < deadline, indexer.text()
+            time.sleep(0.1)
+
+    try:
+        wait(lambda: indexer.has("Waiting for events"), 30)  # its queue is bound
+        writes = (
+            "from django.utils import timezone\n"
+            "from outbox_app import acting\n"
+            "from sample_project.shop.models import Listing\n"
+            "with acting('ana@example.com', source='catalogManagement'):\n"
+            "    tea = Listing.objects.create(title='Sencha', price='4.50')\n"
+            "    cup = Listing.objects.create(title='Cup', price='9.00')\n"
+            "    gone = Listing.objects.create(title='Old', price='1.00')\n"
+            "    tea.price = '3.90'; tea.save()\n"
+            "    cup.withdrawn_at = timezone.now(); cup.save()\n"
+            "    gone.delete()\n"
+            "print(tea.pk)"
+        )
+        tea = _manage(shop, "shell", "-c", writes).stdout.split()[-1]
+        _manage(shop, "relay", "--once")
+        wait(lambda: list(documents()) == [tea])
+        document = documents()[tea]
+        assert document["title"] == "Sencha" and document["price"] == "3.90"
+        assert document["id"] == int(tea)
+        # Every catalog event once more: the index skips what it applied.
+        _manage(
+            shop,
+            "shell",
+            "-c",
+            "from outbox_app import OutboxEvent; "
+            "from outbox_app.ops.subscriptions import replay_to; "
+            "replay_to(OutboxEvent.objects.filter(event_type__startswith='Listing'), "
+            "'catalog')",
+        )
+        _manage(shop, "relay", "--once")
+        wait(lambda: indexer.text().count("Skipped a redelivery") >= 6)
+    finally:
+        code = indexer.stop()
+        with Connection(RABBITMQ) as connection:
+            channel = connection.default_channel
+            Queue(queue, Exchange(exchange, "fanout"))(channel).delete()
+            Exchange(exchange, "fanout")(channel).delete()
+    log = indexer.text()
+    assert code == 0, log
+    assert list(documents()) == [tea]
+    assert "Indexed listing: " in log and "Removed listing from index: " in log
+    assert "(by ana@example.com)" in log
