@@ -65,7 +65,7 @@ def test_a_consumer_past_its_timeout_is_failed_and_retried(consumer):
     assert list(SideEffect.objects.values_list("position", flat=True)) == [3]
 
 
-def test_a_consumer_call_is_a_span_linked_to_the_publishing_one(spans, consumer):
+def test_a_consumer_call_is_a_span_in_the_publishing_trace(spans, consumer):
     @consumer(OrderPlaced, name="traced")
     def traced(event, context):
         if event.order_id == 2:
@@ -91,6 +91,9 @@ def test_a_consumer_call_is_a_span_linked_to_the_publishing_one(spans, consumer)
         assert span.attributes["messaging.consumer.group.name"] == "traced"
         assert span.attributes["messaging.destination.name"] == QUEUE
         assert span.attributes["messaging.message.id"] in ids
+        # The message's creation context is its parent and its link.
+        assert span.parent.span_id == request.get_span_context().span_id
+        assert span.context.trace_id == request.get_span_context().trace_id
         assert [link.context.span_id for link in span.links] == [
             request.get_span_context().span_id
         ]
