@@ -6,8 +6,8 @@ tracer provider configured by the project (the SDK and an exporter) in each
 process (the web's, ``relay``'s, ``consume``'s),
 
 - :func:`creating`: ``publish()`` opens a span (``outbox create
-  OrderPlaced``, kind PRODUCER: the messaging conventions' *create*), a
-  child of the current one (the request's span, which
+  OrderPlaced``, kind PRODUCER: the messaging conventions' *create*) inside
+  a trace, a child of the current span (the request's, which
   opentelemetry-instrumentation-django opens), and :func:`inject` stores its
   context in the events' headers (``traceparent``, ``tracestate``: W3C Trace
   Context, through the project's global propagator): each event's
@@ -80,13 +80,18 @@ def creating(headers: Mapping[str, Any] | None) -> Iterator[Any]:
     :func:`inject` stores its context in the events' headers: their
     *creation context* (OpenTelemetry's messaging conventions), which the
     relay's and ``consume``'s spans continue. Kind PRODUCER, a child of the
-    current span (the request's, with opentelemetry-instrumentation-django)
-    or the root of a new trace; named by :func:`created` once the events are
-    known. None is yielded, and no span opened, when nothing would record it
-    or when ``headers`` carry a ``traceparent`` of the caller's own (a
-    creation context given is never replaced). An exception escaping the
-    block is recorded on the span."""
-    if not recording() or (headers and "traceparent" in headers):
+    current span (the request's, with opentelemetry-instrumentation-django);
+    named by :func:`created` once the events are known. None is yielded, and
+    no span opened, when nothing would record it, outside any trace (no
+    current span: a command, a migration's bulk writes; publish() joins a
+    trace, it starts none), or when ``headers`` carry a ``traceparent`` of
+    the caller's own (a creation context given is never replaced). An
+    exception escaping the block is recorded on the span."""
+    if (
+        not recording()
+        or (headers and "traceparent" in headers)
+        or not trace.get_current_span().get_span_context().is_valid
+    ):
         yield None
         return
     tracer = trace.get_tracer("outbox_app")

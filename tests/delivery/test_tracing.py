@@ -76,13 +76,12 @@ def test_a_failing_handler_span_records_the_error(spans, handlers):
     with transaction.atomic():
         publish(OrderPlaced(order_id=2, total=1))
     assert relay_once(kind="handler").failed == 1
-    [created] = named(spans, "outbox create OrderPlaced")
     [span] = named(spans, "outbox handle OrderPlaced")
     assert span.status.status_code == trace.StatusCode.ERROR
     assert span.events[0].name == "exception"
-    # Published outside any span: publish()'s span began the trace.
-    assert created.parent is None
-    assert span.parent.span_id == created.context.span_id
+    # Published outside any trace: no creation context, a trace of its own.
+    assert not named(spans, "outbox create OrderPlaced")
+    assert span.parent is None and not span.links
 
 
 def test_broker_batches_carry_the_trace_as_cloudevents_extension(spans, settings):
@@ -124,9 +123,10 @@ def test_a_batch_of_several_traces_is_its_own_linked_to_each(spans, settings):
     settings.OUTBOX_PUBLISHERS = {
         "bus": {"URL": "memory://", "EXCHANGE": name, "DECLARE": [name]}
     }
+    tracer = trace.get_tracer("tests")
     try:
         for order_id in (1, 2):
-            with transaction.atomic():
+            with tracer.start_as_current_span("job"), transaction.atomic():
                 publish(OrderPlaced(order_id=order_id, total=1))
         assert relay_once(kind="publisher").succeeded == 2
     finally:
@@ -148,7 +148,8 @@ def test_a_traceparent_of_the_callers_own_is_kept(spans):
     """A creation context given in the headers is the event's: publish()
     neither replaces it nor opens a span."""
     given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    with transaction.atomic():
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("job"), transaction.atomic():
         [event] = publish(
             OrderPlaced(order_id=3, total=1),
             headers={"traceparent": given, "a": 1},
@@ -157,11 +158,25 @@ def test_a_traceparent_of_the_callers_own_is_kept(spans):
         "traceparent": given,
         "a": 1,
     }
+    assert [s.name for s in spans.get_finished_spans()] == ["job"]
+
+
+def test_without_a_trace_nothing_is_added(spans):
+    """publish() joins a trace, it starts none: outside any span (a command,
+    a migration's bulk writes) no span is opened and no header added."""
+    with transaction.atomic():
+        [event] = publish(OrderPlaced(order_id=3, total=1), headers={"a": 1})
+    assert OutboxEvent.objects.get(pk=event.id).headers == {"a": 1}
     assert not spans.get_finished_spans()
 
 
 def test_a_refused_publish_records_its_error_on_its_span(spans):
-    with pytest.raises(InvalidPayload), transaction.atomic():
+    tracer = trace.get_tracer("tests")
+    with (
+        pytest.raises(InvalidPayload),
+        tracer.start_as_current_span("job"),
+        transaction.atomic(),
+    ):
         publish({"event_type": "OrderPlaced", "payload": {"at": object()}})
     [created] = named(spans, "outbox create")
     assert created.status.status_code == trace.StatusCode.ERROR
