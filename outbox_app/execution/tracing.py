@@ -89,7 +89,7 @@ def creating(headers: Mapping[str, Any] | None) -> Iterator[Any]:
     exception escaping the block is recorded on the span."""
     if (
         not recording()
-        or (headers and "traceparent" in headers)
+        or (isinstance(headers, Mapping) and "traceparent" in headers)
         or not trace.get_current_span().get_span_context().is_valid
     ):
         yield None
