@@ -130,20 +130,21 @@ def _creation(headers: Iterable[Mapping[str, Any] | None]) -> tuple[list, Any]:
     ``headers``: a link to each distinct creation context (their
     ``traceparent``, at most :data:`MAX_LINKS`), and the creation context
     that every one of them shares, as the span's parent context (None when
-    one has none, or two differ: a new trace, the links lead back)."""
+    one has none, or two differ: the span's parent is then the current
+    span, if any; the links lead back)."""
     links: dict[str, Any] = {}
     shared: str | None = None
     common = True
     for event_headers in headers:
-        parent = event_headers.get("traceparent") if event_headers else None
-        if parent is None or (shared is not None and parent != shared):
+        traceparent = event_headers.get("traceparent") if event_headers else None
+        if traceparent is None or (shared is not None and traceparent != shared):
             common = False
-        shared = shared or parent
-        if parent is None or parent in links or len(links) == MAX_LINKS:
+        shared = shared or traceparent
+        if traceparent is None or traceparent in links or len(links) == MAX_LINKS:
             continue
         context = trace.get_current_span(propagate.extract(_carrier(event_headers)))
         span_context = context.get_span_context()
-        links[parent] = trace.Link(span_context) if span_context.is_valid else None
+        links[traceparent] = trace.Link(span_context) if span_context.is_valid else None
     link = links.get(shared) if common else None
     parent = (
         trace.set_span_in_context(trace.NonRecordingSpan(link.context))
@@ -164,10 +165,11 @@ def span(
     """A span around one delivery step, in the trace of the events it
     delivers: a child of their creation context (the ``publish()`` span
     whose ``traceparent`` their headers carry) when they all share one (a
-    handler's or a consumer's call: its one event), else the root of a trace
-    of its own; linked to each creation context either way, as the
-    messaging conventions ask. An exception escaping the block is recorded
-    on the span, which ends with an error status.
+    handler's or a consumer's call: its one event), else of the current
+    span (none: the root of a trace of its own); linked to each creation
+    context either way, as the messaging conventions ask. An exception
+    escaping the block is recorded on the span, which ends with an error
+    status.
 
     Args:
         name: the span name (``"outbox handle OrderPlaced"``).
