@@ -474,11 +474,13 @@ def _together(
             runs.append((index, consumer, envelope, body, queue, row))
     old = _sourceless({(run[-1].consumer, run[-1].message_id) for run in runs}, alias)
     if old:
-        remaining = [
-            run for run in runs if (run[-1].consumer, run[-1].message_id) not in old
-        ]
-        tally.duplicates += len(runs) - len(remaining)
-        counted += [(name, "duplicate") for name, _ in old]
+        remaining = []
+        for run in runs:
+            if (run[-1].consumer, run[-1].message_id) in old:
+                tally.duplicates += 1
+                counted.append((run[-1].consumer, "duplicate"))
+            else:
+                remaining.append(run)
         runs = remaining
     if not runs:
         return tally
