@@ -13,9 +13,9 @@ A commit of one ``publish()`` of one event, timed from entering
 - ``absent``: without opentelemetry-api (the process cannot import
   ``opentelemetry``, as where the package is not installed): the baseline;
 - ``api``: the API installed, no tracer provider configured (the API's no-op);
-- ``sdk``: the SDK's tracer provider with an in-memory exporter, each commit
-  inside a recording span, so ``traceparent``/``tracestate`` are injected and
-  stored.
+- ``sdk``: the SDK's tracer provider with an in-memory exporter, set as the
+  process's, each commit inside a recording span, so ``publish()`` opens
+  its span and ``traceparent``/``tracestate`` are injected and stored.
 
 Each mode's commits run in a process of their own (started per round, 100
 commits of warm-up, the table emptied after), so ``absent`` is a process
@@ -73,6 +73,7 @@ def child(mode: str, count: int) -> None:
 
     tracer = None
     if mode == "sdk":
+        from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
@@ -81,6 +82,9 @@ def child(mode: str, count: int) -> None:
 
         sdk = TracerProvider()
         sdk.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        # The process's provider, as a project configures it: publish()
+        # opens its own span then.
+        trace.set_tracer_provider(sdk)
         tracer = sdk.get_tracer("bench")
     commits(100, tracer)  # warm up
     times = commits(count, tracer)

@@ -195,14 +195,15 @@ def handlers():
 
 
 _SPANS = None
+_PROVIDER = None
 
 
 @pytest.fixture
 def spans():
     """The OpenTelemetry spans finished during the test, in the SDK's
     in-memory exporter (a tracer provider set once per process: OpenTelemetry
-    allows one)."""
-    global _SPANS
+    allows one; the exporter joins one set before, by a docs block)."""
+    global _SPANS, _PROVIDER
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -212,10 +213,13 @@ def spans():
 
     if _SPANS is None:
         _SPANS = InMemorySpanExporter()
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
         trace.set_tracer_provider(provider)
+    if provider is not _PROVIDER:
+        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+        _PROVIDER = provider
     _SPANS.clear()
     yield _SPANS
     _SPANS.clear()

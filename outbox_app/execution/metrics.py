@@ -1,15 +1,16 @@
 """The Prometheus metrics a process running user code emits as it runs it
 (optional: prometheus-client): the relay's (outcomes, failures, handler and
-batch durations, pauses) and ``consume``'s (outcomes, failures, consumer
-durations). The metrics read from the database are
-:mod:`outbox_app.ops.metrics`'s."""
+batch durations, delivery latency, pauses) and ``consume``'s (messages
+received, outcomes, failures, consumer durations, latency). The metrics read
+from the database are :mod:`outbox_app.ops.metrics`'s."""
 
 from __future__ import annotations
 
+import collections
 import datetime
+from collections.abc import Iterable
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils import timezone
 
 
 def _prometheus():
@@ -37,6 +38,9 @@ class CallMetrics:
     ``error}``                                      error class
     ``outbox_<process>_<callee>_seconds{<label>}``  histogram: one call of the
                                                     user code
+    ``outbox_<process>_<latency>{<label>}``         histogram: an event's
+                                                    publish to its row's
+                                                    success
     ==============================================  ============================
 
     Args:
@@ -46,12 +50,18 @@ class CallMetrics:
         callee: what the user code is (``"handler"``, ``"consumer"``).
         rows: what the outcomes count, capitalized (``"Deliveries"``,
             ``"Inbox messages"``).
+        latency: the latency histogram's name after the prefix
+            (``"delivery_latency_seconds"``) and what ends it, for its help
+            (``"its delivery's SUCCEEDED mark"``).
     """
 
     enabled = False
 
-    def __init__(self, process: str, label: str, callee: str, rows: str):
+    def __init__(
+        self, process: str, label: str, callee: str, rows: str, latency: tuple[str, str]
+    ):
         self.process, self.label, self.callee, self.rows = process, label, callee, rows
+        self.latency_name, self.latency_end = latency
 
     def enable(self, port: int | None, addr: str = "127.0.0.1", registry=None) -> None:
         """Create the metrics and serve them on ``addr:port``.
@@ -98,6 +108,13 @@ class CallMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
             registry=registry,
         )
+        self._latency = prometheus.Histogram(
+            f"{prefix}_{self.latency_name}",
+            f"Seconds from an event's publish to {self.latency_end}.",
+            [label],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
 
     def outcome(self, name: str, outcome: str, rows: int = 1) -> None:
         if self.enabled and rows:
@@ -110,6 +127,21 @@ class CallMetrics:
     def call(self, name: str, seconds: float) -> None:
         if self.enabled:
             self._calls.labels(name).observe(seconds)
+
+    def latency(
+        self,
+        name: str,
+        since: Iterable[datetime.datetime | None],
+        now: datetime.datetime | None,
+    ) -> None:
+        """Rows of ``name`` that succeeded at ``now``: each one's latency
+        from ``since``, its event's publish (aware datetimes; a None is left
+        out, as is every row when ``now`` is None)."""
+        if self.enabled and now is not None:
+            latency = self._latency.labels(name)
+            for moment in since:
+                if moment is not None:
+                    latency.observe(max(0.0, (now - moment).total_seconds()))
 
 
 class RelayMetrics(CallMetrics):
@@ -131,15 +163,22 @@ class RelayMetrics(CallMetrics):
     ``outbox_relay_delivery_latency_seconds``          histogram: publish
     ``{subscriber}``                                   (``occurred_at``, or the
                                                        scheduled ``deliver_at``)
-                                                       to a delivered batch's
-                                                       outcome
+                                                       to the SUCCEEDED mark of
+                                                       a delivered row (no
+                                                       other outcome counts)
     ``outbox_relay_publisher_paused{subscriber}``      1 while this relay has
                                                        the publisher paused
     =================================================  ==========================
     """
 
     def __init__(self):
-        super().__init__("relay", "subscriber", "handler", "Deliveries")
+        super().__init__(
+            "relay",
+            "subscriber",
+            "handler",
+            "Deliveries",
+            ("delivery_latency_seconds", "its delivery's SUCCEEDED mark"),
+        )
 
     def _create(self, prometheus, registry) -> None:
         super()._create(prometheus, registry)
@@ -150,13 +189,6 @@ class RelayMetrics(CallMetrics):
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
-        self._latency = prometheus.Histogram(
-            "outbox_relay_delivery_latency_seconds",
-            "Seconds from an event's publish to its delivered batch's outcome.",
-            ["subscriber"],
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=registry,
-        )
         self._paused = prometheus.Gauge(
             "outbox_relay_publisher_paused",
             "1 while this relay has the publisher paused by an outage.",
@@ -164,24 +196,10 @@ class RelayMetrics(CallMetrics):
             registry=registry,
         )
 
-    def batch(
-        self,
-        subscriber: str,
-        seconds: float,
-        published: list,
-        now: datetime.datetime | None = None,
-    ) -> None:
-        """One delivered batch: its duration, and each row's latency from its
-        event's ``occurred_at`` or ``deliver_at`` (aware datetimes) to ``now``
-        (default ``timezone.now()``; the relay passes the database's clock)."""
-        if not self.enabled:
-            return
-        self._batch.labels(subscriber).observe(seconds)
-        if published:
-            now = now or timezone.now()
-            latency = self._latency.labels(subscriber)
-            for occurred_at in published:
-                latency.observe(max(0.0, (now - occurred_at).total_seconds()))
+    def batch(self, subscriber: str, seconds: float) -> None:
+        """One claimed batch delivered in ``seconds``."""
+        if self.enabled:
+            self._batch.labels(subscriber).observe(seconds)
 
     def paused(self, subscriber: str, paused: bool) -> None:
         if self.enabled:
@@ -191,10 +209,71 @@ class RelayMetrics(CallMetrics):
 #: The relay process's metrics (:class:`RelayMetrics`).
 relay_metrics = RelayMetrics()
 
-#: The ``consume`` process's metrics, served on ``manage.py consume
-#: --metrics-port`` (:class:`CallMetrics`):
-#: ``outbox_consume_outcomes_total{consumer,outcome}`` (messages by what their
-#: inbox row became: handled, failed, dead),
-#: ``outbox_consume_failures_total{consumer,error}`` and the histogram
-#: ``outbox_consume_consumer_seconds{consumer}`` (one consumer call).
-consume_metrics = CallMetrics("consume", "consumer", "consumer", "Inbox messages")
+
+class ConsumeMetrics(CallMetrics):
+    """The ``consume`` process's own counters and histograms, served on
+    ``manage.py consume --metrics-port``: :class:`CallMetrics`' for
+    consumers, and what the inbox alone knows.
+
+    =================================================  ==========================
+    ``outbox_consume_received_total{queue}``           messages taken from the
+                                                       broker (a redelivery
+                                                       counts again)
+    ``outbox_consume_outcomes_total{consumer,``        messages by what happened
+    ``outcome}``                                       for the consumer:
+                                                       handled, failed, dead,
+                                                       duplicate, waiting,
+                                                       expired, deferred
+    ``outbox_consume_failures_total{consumer,error}``  failed or dead attempts
+                                                       by error class
+    ``outbox_consume_consumer_seconds{consumer}``      histogram: one consumer
+                                                       call
+    ``outbox_consume_latency_seconds{consumer}``       histogram: publish (the
+                                                       CloudEvent's ``time``,
+                                                       or its ``deliverat``) to
+                                                       the commit of a handled
+                                                       message (no other
+                                                       outcome counts)
+    =================================================  ==========================
+    """
+
+    def __init__(self):
+        super().__init__(
+            "consume",
+            "consumer",
+            "consumer",
+            "Inbox messages",
+            ("latency_seconds", "the commit of its handled message"),
+        )
+
+    def _create(self, prometheus, registry) -> None:
+        super()._create(prometheus, registry)
+        self._received = prometheus.Counter(
+            "outbox_consume_received",
+            "Messages this consume process took from the broker, by queue "
+            "(a redelivery counts again).",
+            ["queue"],
+            registry=registry,
+        )
+
+    def received(self, queues: Iterable[str]) -> None:
+        """Messages taken from the broker: the queue of each."""
+        if self.enabled:
+            for queue, messages in collections.Counter(queues).items():
+                self._received.labels(queue).inc(messages)
+
+    def handled(
+        self,
+        consumer: str,
+        since: datetime.datetime | None,
+        now: datetime.datetime | None,
+    ) -> None:
+        """A message handled for ``consumer``, committed at ``now``: counted,
+        and its latency observed from ``since`` (its event's publish, an
+        aware datetime; None: the message has no ``time``)."""
+        self.outcome(consumer, "handled")
+        self.latency(consumer, (since,), now)
+
+
+#: The ``consume`` process's metrics (:class:`ConsumeMetrics`).
+consume_metrics = ConsumeMetrics()

@@ -29,17 +29,19 @@ spins in a redelivery loop, the attempts are counted whatever the broker
 (classic RabbitMQ queues and Redis count none), and the dead letter is in the
 same place as the relay's, requeueable from the admin.
 
-A consumer runs as a handler does (:class:`~outbox_app.execution.run.Execution`,
-the :data:`CONSUMER` role): within its ``timeout``, in a span
-(``outbox consume <type>``), timed and counted in :data:`consume_metrics`
-(its messages' outcomes: handled, failed, dead). Its ``transaction.on_commit``
-callbacks, when one is not ``robust``, are taken out of Django's list as it
-returns and run by the inbox after the commit, in order, each guarded: one
-that raises fails its own message as a raising consumer does (FAILED with the
-callback's error, retried: the consumer runs again with its first writes
-committed, so a consumer with such side effects runs at least once and must
-be idempotent), and every other callback still runs. Only ``robust`` ones
-are left to Django, which runs them at the commit and logs their errors.
+A consumer runs as a handler does
+(:class:`~outbox_app.execution.run.Execution`, the :data:`CONSUMER` role):
+within its ``timeout``, in a span (``outbox consume <type>``), timed and
+counted in :data:`consume_metrics` (its messages' outcomes: handled, failed,
+dead, duplicate, waiting, expired, deferred; a handled message's latency from
+its publish). Its ``transaction.on_commit`` callbacks, when one is not
+``robust``, are taken out of Django's list as it returns and run by the inbox
+after the commit, in order, each guarded: one that raises fails its own
+message as a raising consumer does (FAILED with the callback's error,
+retried: the consumer runs again with its first writes committed, so a
+consumer with such side effects runs at least once and must be idempotent),
+and every other callback still runs. Only ``robust`` ones are left to Django,
+which runs them at the commit and logs their errors.
 
 A message that is not a CloudEvent, or whose attributes the inbox cannot
 store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
@@ -258,6 +260,21 @@ class _Ran:
     row: InboxMessage
     body: bytes | str
     callbacks: list[Callback] | None = None
+    #: When its event was published (its ``deliverat``, if later), for the
+    #: latency metric; None when the message says not.
+    since: datetime.datetime | None = None
+
+
+def _since(context: ConsumeContext) -> datetime.datetime | None:
+    """When ``context``'s event was published, or scheduled for."""
+    return context.deliver_at or context.occurred_at
+
+
+def _count(names: Sequence[str], outcome: str) -> None:
+    """One message's ``outcome`` for each consumer of ``names``, in
+    :data:`consume_metrics`."""
+    for name in names:
+        consume_metrics.outcome(name, outcome)
 
 
 def receive(
@@ -330,10 +347,12 @@ def _receive(
     absent = recorded.absent(queue, event_type, mine)
     if not mine and not absent:
         return Tally(ignored=1)
-    if _expired(envelope, database_now(alias)):
-        return Tally(expired=len(mine) + len(absent))
     names = [c.name for c in mine] + absent
+    if _expired(envelope, database_now(alias)):
+        _count(names, "expired")
+        return Tally(expired=len(names))
     old = _sourceless({(name, columns["message_id"]) for name in names}, alias)
+    _count([name for name, _ in old], "duplicate")
     tally = Tally(duplicates=len(old))
     for consumer in mine:
         if (consumer.name, columns["message_id"]) not in old:
@@ -386,9 +405,12 @@ def receive_batch(
     alias = using or router.db_for_write(InboxMessage)
     recorded = Recorded({queue for _, queue, _ in batch}, alias)
     ran: list[_Ran] = []
+    counted: list[tuple[str, str]] = []
     try:
         with transaction.atomic(using=alias):
-            tally = _together(batch, by_queue, alias, recorded, ran)
+            tally = _together(batch, by_queue, alias, recorded, ran, counted)
+        for name, outcome in counted:
+            consume_metrics.outcome(name, outcome)
     except _RunAlone as alone:
         failures = alone.failures
         ran = []
@@ -409,9 +431,13 @@ def receive_batch(
     return tally
 
 
-def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
+def _together(
+    batch, by_queue, alias: str, recorded: Recorded, ran, counted: list
+) -> Tally:
     """The batch as one: the inbox rows in one INSERT, then the consumers.
-    Raises :class:`_RunAlone` when it cannot be."""
+    The outcomes it tallies (but ``handled``, counted after the commit) go
+    to ``counted`` as ``(consumer, outcome)``, for the caller to count once
+    the batch committed. Raises :class:`_RunAlone` when it cannot be."""
     tally = Tally()
     now = database_now(alias)
     # (message index, consumer or None: kept for an absent one, envelope,
@@ -432,11 +458,13 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             continue
         if _expired(envelope, now):
             tally.expired += len(mine) + len(absent)
+            counted += [(name, "expired") for name in [c.name for c in mine] + absent]
             continue
         for consumer, name in [(c, c.name) for c in mine] + [(None, n) for n in absent]:
             key = (name, columns["source"], columns["message_id"])
             if key in seen:
                 tally.duplicates += 1
+                counted.append((name, "duplicate"))
                 continue
             seen.add(key)
             if consumer is None:
@@ -446,10 +474,13 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             runs.append((index, consumer, envelope, body, queue, row))
     old = _sourceless({(run[-1].consumer, run[-1].message_id) for run in runs}, alias)
     if old:
-        remaining = [
-            run for run in runs if (run[-1].consumer, run[-1].message_id) not in old
-        ]
-        tally.duplicates += len(runs) - len(remaining)
+        remaining = []
+        for run in runs:
+            if (run[-1].consumer, run[-1].message_id) in old:
+                tally.duplicates += 1
+                counted.append((run[-1].consumer, "duplicate"))
+            else:
+                remaining.append(run)
         runs = remaining
     if not runs:
         return tally
@@ -464,6 +495,7 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
         if row.id is not None:
             fresh.append(run)
     tally.duplicates += len(runs) - len(fresh)
+    counted += [(run[-1].consumer, "duplicate") for run in runs if run[-1].id is None]
     kept = [row for _, consumer, *_, row in fresh if consumer is None]
     ordered = [row for _, consumer, *_, row in fresh if consumer and consumer.ordered]
     if ordered and _held_back(ordered, alias):
@@ -476,9 +508,10 @@ def _together(batch, by_queue, alias: str, recorded: Recorded, ran) -> Tally:
             callbacks = _run(consumer, context, alias)
         except Exception as exc:
             raise _RunAlone({index: {consumer.name: exc}}) from None
-        ran.append(_Ran(consumer, row, body, callbacks))
+        ran.append(_Ran(consumer, row, body, callbacks, _since(context)))
         tally.handled += 1
     tally.deferred += len(kept)
+    counted += [(row.consumer, "deferred") for row in kept]
     _log_kept(kept)
     return tally
 
@@ -517,13 +550,17 @@ def _after_commit(ran: list[_Ran], alias: str) -> Tally:
     message (recorded as a failed attempt; the consumer's writes stay), a
     raising ``robust`` one is logged (Django's rule), and the others run all
     the same. Inside a caller's transaction they are handed back to Django,
-    which runs them at its commit. Counts each message that stays handled."""
+    which runs them at its commit. Counts each message that stays handled,
+    and its latency."""
     tally = Tally()
+    # The latency's end: the commit, by the database's clock (one query per
+    # batch, and only for a process that serves its metrics).
+    now = database_now(alias) if ran and consume_metrics.enabled else None
     if connections[alias].in_atomic_block:
         for run in ran:
             for callback, robust in run.callbacks or ():
                 transaction.on_commit(callback, using=alias, robust=robust)
-            consume_metrics.outcome(run.consumer.name, "handled")
+            consume_metrics.handled(run.consumer.name, run.since, now)
         return tally
     for run in ran:
         error = None
@@ -536,7 +573,7 @@ def _after_commit(ran: list[_Ran], alias: str) -> Tally:
                 extra={"consumer": run.consumer.name, "message_id": run.row.message_id},
             )
         if error is None:
-            consume_metrics.outcome(run.consumer.name, "handled")
+            consume_metrics.handled(run.consumer.name, run.since, now)
             continue
         try:
             failed = _failed(
@@ -557,7 +594,7 @@ def _after_commit(ran: list[_Ran], alias: str) -> Tally:
                 run.row.message_id,
                 error,
             )
-            consume_metrics.outcome(run.consumer.name, "handled")
+            consume_metrics.handled(run.consumer.name, run.since, now)
             continue
         tally.handled -= 1
         tally += failed
@@ -646,7 +683,8 @@ def retry_due(
             row.next_retry_at, row.body = None, ""
             row.save(using=alias)
         tally.handled += 1
-        tally += _after_commit([_Ran(consumer, row, body, callbacks)], alias)
+        ran = _Ran(consumer, row, body, callbacks, _since(context))
+        tally += _after_commit([ran], alias)
     return tally
 
 
@@ -765,9 +803,11 @@ def _keep(row: InboxMessage, alias: str) -> Tally:
             row.save(using=alias, force_insert=True)
     except IntegrityError as exc:
         if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
+            consume_metrics.outcome(row.consumer, "duplicate")
             return Tally(duplicates=1)
         raise
     _log_kept([row])
+    consume_metrics.outcome(row.consumer, "deferred")
     return Tally(deferred=1)
 
 
@@ -809,17 +849,19 @@ def _first(
                     WAITING,
                 )
                 row.save(using=alias)
+                consume_metrics.outcome(consumer.name, "waiting")
                 return Tally(waiting=1)
             if failure is not None:
                 raise failure
             callbacks = _run(consumer, context, alias)
     except IntegrityError as exc:
         if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
+            consume_metrics.outcome(consumer.name, "duplicate")
             return Tally(duplicates=1)
         return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
     except Exception as exc:
         return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
-    ran.append(_Ran(consumer, row, body, callbacks))
+    ran.append(_Ran(consumer, row, body, callbacks, _since(context)))
     return Tally(handled=1)
 
 
@@ -895,6 +937,7 @@ def _failed(
                 InboxMessage.objects.using(alias).filter(id=row.id).update(**values)
     except IntegrityError:
         # Another consume process handled or recorded it meanwhile.
+        consume_metrics.outcome(consumer.name, "duplicate")
         return Tally(duplicates=1)
     consume_metrics.failure(consumer.name, error_type)
     consume_metrics.outcome(consumer.name, "failed" if retry_at else "dead")
@@ -941,6 +984,7 @@ def _park_undecodable(
                 updated_at=now,
             )
     except IntegrityError:
+        consume_metrics.outcome(consumer.name, "duplicate")
         return Tally(duplicates=1)
     consume_metrics.failure(consumer.name, UNDECODABLE)
     consume_metrics.outcome(consumer.name, "dead")

@@ -37,6 +37,7 @@ from kombu import Connection, Exchange, Queue, binding
 from kombu.exceptions import OperationalError
 
 from ..conf import mask_url, outbox_settings
+from ..execution.metrics import consume_metrics
 from ..execution.retry import RECONNECT
 from ..health import HealthFile
 from ..store.models import InboxMessage
@@ -252,6 +253,7 @@ class ConsumeWorker:
         database error hands every message back."""
         batch, self._pending = self._pending, []
         self._last_message = time.monotonic()
+        consume_metrics.received(queue for queue, _ in batch)
         try:
             tally = receive_batch(
                 [

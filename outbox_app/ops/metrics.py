@@ -12,9 +12,10 @@ the admin's overview never disagree. Exposed three ways:
 - :func:`exposition` for anything else (a node-exporter textfile, a test).
 
 A relay process's own counters and histograms (deliveries, failures by error
-class, durations) are ``manage.py relay --metrics-port``'s, a ``consume``
-process's (inbox messages by outcome, failures, consumer durations)
-``manage.py consume --metrics-port``'s (:mod:`outbox_app.execution.metrics`).
+class, durations, latency) are ``manage.py relay --metrics-port``'s, a
+``consume`` process's (messages received, inbox messages by outcome,
+failures, consumer durations, latency) ``manage.py consume
+--metrics-port``'s (:mod:`outbox_app.execution.metrics`).
 
 Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
 

@@ -183,10 +183,11 @@ def publish(
                 f"{operation!r}; nothing was written"
             )
         extras["operation"] = require_storable(operation, "operation", 32)
-    rows, texts = _rows(
-        events, aggregate, aggregate_version, headers, tenant_id, extras
-    )
-    _write(rows, texts, alias)
+    with tracing.creating(headers) as span:
+        rows, texts = _rows(
+            events, aggregate, aggregate_version, headers, tenant_id, extras
+        )
+        _write(rows, texts, alias, span)
     return rows
 
 
@@ -210,21 +211,27 @@ def publish_each(
     _require_transaction(using)
     rows: list[OutboxEvent] = []
     texts: dict[int, str] = {}
-    for event, aggregate in items:
-        more, more_texts = _rows(
-            [event], aggregate, None, None, None, {"operation": operation}
-        )
-        rows += more
-        texts.update(more_texts)
-    _write(rows, texts, using)
+    with tracing.creating(None) as span:
+        for event, aggregate in items:
+            more, more_texts = _rows(
+                [event], aggregate, None, None, None, {"operation": operation}
+            )
+            rows += more
+            texts.update(more_texts)
+        _write(rows, texts, using, span)
     return rows
 
 
-def _write(rows: list[OutboxEvent], texts: dict[int, str], alias: str) -> None:
+def _write(
+    rows: list[OutboxEvent], texts: dict[int, str], alias: str, span: Any = None
+) -> None:
     """INSERT ``rows`` (stamped with the current action), then wake the relays
-    on commit."""
+    on commit. ``span``: the publishing call's span
+    (:func:`~outbox_app.execution.tracing.creating`), named by the rows."""
     if not rows:
         return
+    if span is not None:
+        tracing.created(span, [(row.event_type, row.id) for row in rows])
     action = _current_action.get()
     if action is not None:
         for row in rows:

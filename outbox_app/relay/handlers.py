@@ -111,7 +111,7 @@ class _Runner:
         """Run handlers on a prefix of ``contexts`` in one transaction, for
         about ``self.seconds``; record the outcomes. Returns how many rows it
         took."""
-        succeeded: list[int] = []
+        succeeded: list[DeliveryContext] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
         # The handlers whose on_commit callbacks the relay runs after the
         # commit, with those callbacks: they are marked once these ran.
@@ -144,7 +144,7 @@ class _Runner:
                         if later:
                             deferred.append((context, later))
                         elif error is None:
-                            succeeded.append(context.delivery_id)
+                            succeeded.append(context)
                         else:
                             failures.append((context, error))
                         if queried:
@@ -183,7 +183,8 @@ class _Runner:
             # every write of the group is rolled back (and the callbacks
             # taken out are dropped with them), the rows still held are
             # handed back, due at once; the others belong to that relay now.
-            held = succeeded + [c.delivery_id for c, _ in deferred]
+            held = [c.delivery_id for c in succeeded]
+            held += [c.delivery_id for c, _ in deferred]
             released = self.outcomes.released(held)
             self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
             deferred = []
@@ -211,7 +212,7 @@ class _Runner:
         logged, as Django logs it, and fails nothing. A crash before the marks
         leaves the rows RUNNING until their lease runs out: the handlers then
         run again, over their committed writes (at least once)."""
-        done: list[int] = []
+        done: list[DeliveryContext] = []
         failures: list[tuple[DeliveryContext, BaseException]] = []
         name = self.handler.name
         for context, callbacks in deferred:
@@ -223,7 +224,7 @@ class _Runner:
                 extra={"subscriber": name},
             )
             if error is None:
-                done.append(context.delivery_id)
+                done.append(context)
             else:
                 failures.append((context, error))
         self.outcomes.succeeded(done)

@@ -211,13 +211,8 @@ def deliver(
                     assert isinstance(subscriber, Handler)
                     run_handlers(batch, subscriber, outcomes, stop, rng)
                 delivering = time.monotonic() - began
-                if relay_metrics.enabled and len(batch):
-                    relay_metrics.batch(
-                        subscriber.name,
-                        delivering,
-                        [c.deliver_at or c.occurred_at for c in batch.contexts],
-                        database_now(using),
-                    )
+                if len(batch):
+                    relay_metrics.batch(subscriber.name, delivering)
                 if deadline is not None and time.monotonic() >= deadline:
                     _next_first[using] = active[(position + 1) % len(active)].name
                     return report

@@ -87,22 +87,34 @@ class Outcomes:
         """The time outcomes are stamped with: the database's clock."""
         return database_now(self.gateway.using)
 
-    def succeeded(self, ids: Sequence[int], *, all_or_none: bool = False) -> int:
-        """Mark ``ids`` SUCCEEDED; the rows no longer held count as lost.
-        Returns rows written.
+    def succeeded(
+        self, contexts: Sequence[DeliveryContext], *, all_or_none: bool = False
+    ) -> int:
+        """Mark the rows of ``contexts`` SUCCEEDED; the rows no longer held
+        count as lost. Each delivered row's latency (publish to this mark) is
+        observed, unless a lease was lost: which rows were written is not
+        known then, and the relay that has the others observes them. Returns
+        rows written.
 
         Raises:
             LeaseLost: with ``all_or_none``, when a row was no longer held
                 (nothing is counted: the caller rolls the write back).
         """
-        if not ids:
+        if not contexts:
             return 0
-        written = self.gateway.succeed(self.token, ids, self.now())
+        ids = [c.delivery_id for c in contexts]
+        now = self.now()
+        written = self.gateway.succeed(self.token, ids, now)
         if all_or_none and written < len(ids):
             raise LeaseLost(f"{len(ids) - written} of {len(ids)} leases lost")
         self.report.succeeded += written
-        relay_metrics.outcome(self.subscriber.name, "succeeded", written)
-        if written < len(ids):
+        name = self.subscriber.name
+        relay_metrics.outcome(name, "succeeded", written)
+        if written == len(ids):
+            relay_metrics.latency(
+                name, (c.deliver_at or c.occurred_at for c in contexts), now
+            )
+        else:
             self.lost(len(ids) - written, "was delivered")
         return written
 

@@ -44,6 +44,7 @@ from ..execution import tracing
 from ..execution.metrics import relay_metrics
 from ..execution.retry import Backoff, RetryPolicy
 from ..publishers.base import Publisher
+from ..subscribers import DeliveryContext
 from .batch import Batch, Sidecar
 from .outcomes import Outcomes, RelayReport
 
@@ -140,7 +141,7 @@ class PublisherRunner:
     def _record(self, sent: _Sent, results: list[BaseException | None]) -> None:
         outcomes, batch = sent.outcomes, sent.batch
         pairs = list(zip(sent.contexts, results, strict=True))
-        delivered = [c.delivery_id for c, r in pairs if r is None]
+        delivered = [c for c, r in pairs if r is None]
         outages = [(c, r) for c, r in pairs if isinstance(r, PublisherUnavailable)]
         self._mark(outcomes, delivered, sent.backlog)
         if outages:
@@ -161,20 +162,22 @@ class PublisherRunner:
                 )
                 outcomes.failed(context, error, retry_at)
 
-    def _mark(self, outcomes: Outcomes, ids: list[int], backlog: bool) -> None:
-        """Mark ``ids`` SUCCEEDED; under a backlog, on the sidecar's connection
+    def _mark(
+        self, outcomes: Outcomes, delivered: list[DeliveryContext], backlog: bool
+    ) -> None:
+        """Mark ``delivered`` SUCCEEDED; under a backlog, on the sidecar's connection
         while the next batch is sent (the counts join ``outcomes.report`` when
         the mark is done)."""
         if not (backlog and self.marks.enabled) or self.publisher.ordered:
             # No batch to overlap (a second connection would cost more than
             # it saves), or an ordered publisher, whose next heads exist once
             # these are marked.
-            outcomes.succeeded(ids)
+            outcomes.succeeded(delivered)
             return
         self._merge(done_only=True)
         counts = RelayReport()
         later = Outcomes(outcomes.gateway, outcomes.subscriber, outcomes.token, counts)
-        future = self.marks.submit(later.succeeded, ids)
+        future = self.marks.submit(later.succeeded, delivered)
         self.marking.append((future, counts, outcomes.report))
 
     def _merge(self, done_only: bool = False) -> None:

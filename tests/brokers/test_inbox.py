@@ -371,9 +371,10 @@ def test_poison_input_through_consume_is_dead_readably_and_the_rest_handled(
 
 
 def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
-    """``consume --metrics-port``: messages by outcome and by error class per
-    consumer, and the consumer calls' durations, read from the running
-    process, which listens on 127.0.0.1 only."""
+    """``consume --metrics-port``: messages received per queue, by outcome
+    (a redelivered one a duplicate) and by error class per consumer, the
+    consumer calls' durations and the handled messages' latency, read from
+    the running process, which listens on 127.0.0.1 only."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -414,14 +415,16 @@ def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
         snapshot.clear()
         snapshot.update(scrape())
         return (
-            snapshot.get(outcome("dead")) == 1 and snapshot.get(outcome("handled")) == 4
+            snapshot.get(outcome("dead")) == 1
+            and snapshot.get(outcome("handled")) == 4
+            and snapshot.get(outcome("duplicate")) == 1
         )
 
     try:
         # No --metrics-host: this machine only (the server checks no credentials).
         assert loopback_only(port)
-        for n in range(5):
-            send(rabbitmq, unique, n)
+        ids = [send(rabbitmq, unique, n) for n in range(5)]
+        send(rabbitmq, unique, 0, id=ids[0])  # the broker delivers it twice
         wait_for(counted, 60, "the outcomes counted")
     finally:
         code = consumer.stop()
@@ -433,6 +436,11 @@ def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
     assert snapshot[("outbox_consume_failures_total", error)] == 2
     calls = ("outbox_consume_consumer_seconds_count", (("consumer", "tests.inbox"),))
     assert snapshot[calls] >= 6  # each call, failed or not
+    received = ("outbox_consume_received_total", (("queue", f"{unique}-in"),))
+    assert snapshot[received] == 6  # the retries come from the database
+    # Handled messages only: not the failed or dead attempts, not the duplicate.
+    latency = ("outbox_consume_latency_seconds_count", (("consumer", "tests.inbox"),))
+    assert snapshot[latency] == 4
 
 
 def test_a_rolling_deploy_keeps_the_messages_of_a_consumer_only_new_code_has(

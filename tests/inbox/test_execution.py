@@ -65,7 +65,7 @@ def test_a_consumer_past_its_timeout_is_failed_and_retried(consumer):
     assert list(SideEffect.objects.values_list("position", flat=True)) == [3]
 
 
-def test_a_consumer_call_is_a_span_linked_to_the_publishing_one(spans, consumer):
+def test_a_consumer_call_is_a_span_in_the_publishing_trace(spans, consumer):
     @consumer(OrderPlaced, name="traced")
     def traced(event, context):
         if event.order_id == 2:
@@ -91,6 +91,9 @@ def test_a_consumer_call_is_a_span_linked_to_the_publishing_one(spans, consumer)
         assert span.attributes["messaging.consumer.group.name"] == "traced"
         assert span.attributes["messaging.destination.name"] == QUEUE
         assert span.attributes["messaging.message.id"] in ids
+        # The message's creation context is its parent and its link.
+        assert span.parent.span_id == request.get_span_context().span_id
+        assert span.context.trace_id == request.get_span_context().trace_id
         assert [link.context.span_id for link in span.links] == [
             request.get_span_context().span_id
         ]
@@ -143,3 +146,37 @@ def test_consumer_outcomes_are_counted(metrics, consumer):
     # 1, 2, 13 in the batch (13 raised), 1 and 2 again alone, 7 alone, then
     # the two retries.
     assert sample("outbox_consume_consumer_seconds_count") == 8
+
+
+def test_duplicates_expired_and_latency_are_counted(metrics, consumer):
+    """A message already in the inbox counts as ``duplicate`` (in a batch and
+    alone), one past its expiretime as ``expired``; the latency from
+    publish to commit is observed for handled messages only, never for a
+    failed, dead or duplicate one."""
+
+    @consumer(OrderPlaced, name="counted", max_attempts=1)
+    def counted(event, context):
+        if event.order_id == 13:
+            raise ValueError("unlucky")
+
+    def sample(name: str, **labels) -> float:
+        value = metrics.get_sample_value(name, {"consumer": "counted", **labels})
+        return value or 0.0
+
+    def outcome(word: str) -> float:
+        return sample("outbox_consume_outcomes_total", outcome=word)
+
+    first, second = message(1), message(2)
+    expired = message(3, expires_at=timezone.now() - LATER)
+    tally = receive_batch(batch_of(first, second, expired), {QUEUE: mine()})
+    assert (tally.handled, tally.expired) == (2, 1)
+    assert sample("outbox_consume_latency_seconds_count") == 2
+    # Redelivered: as one batch, and one message alone.
+    assert receive_batch(batch_of(first, second), {QUEUE: mine()}).duplicates == 2
+    assert receive(first, QUEUE, mine()).duplicates == 1
+    assert receive(message(13), QUEUE, mine()).dead == 1
+    assert (outcome("handled"), outcome("duplicate"), outcome("expired")) == (2, 3, 1)
+    assert outcome("dead") == 1
+    assert sample("outbox_consume_latency_seconds_count") == 2
+    # Published a moment ago: well under a minute.
+    assert 0 <= sample("outbox_consume_latency_seconds_sum") < 60

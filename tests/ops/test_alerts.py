@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox_app.execution.metrics import CallMetrics, RelayMetrics
+from outbox_app.execution.metrics import ConsumeMetrics, RelayMetrics
 from outbox_app.store.lifecycle import State
 from tests.ops.factories import delivery, events, subscribed
 
@@ -91,7 +91,7 @@ def scraped(client, settings):
     texts = [response.content.decode()]
     for metrics in (
         RelayMetrics(),
-        CallMetrics("consume", "consumer", "consumer", "Inbox messages"),
+        ConsumeMetrics(),
     ):
         registry = CollectorRegistry()
         metrics.enable(None, registry=registry)

@@ -291,6 +291,9 @@ def test_metrics_port_serves_the_relays_counters():
         (("subscriber", "record_a"),),
     )
     assert snapshot[latency] == 5
+    # Only delivered rows have a latency: the broken handler's never succeed.
+    never = ("outbox_relay_delivery_latency_seconds_count", (("subscriber", "broken"),))
+    assert snapshot.get(never, 0) == 0
     calls = ("outbox_relay_handler_seconds_count", (("subscriber", "broken"),))
     assert snapshot[calls] >= 5  # each call, failed or not
 

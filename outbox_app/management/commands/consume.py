@@ -62,10 +62,11 @@ class Command(BaseCommand):
             "--metrics-port",
             type=int,
             metavar="PORT",
-            help="Serve this process's Prometheus metrics (messages by outcome "
-            "and by error class per consumer, consumer call durations) on this "
-            "port, at /metrics (needs outbox_app[prometheus]). The inbox's own "
-            "numbers come from outbox_app.ops.metrics.metrics_view.",
+            help="Serve this process's Prometheus metrics (messages received "
+            "per queue, by outcome and by error class per consumer, consumer "
+            "call durations, publish-to-handled latency) on this port, at "
+            "/metrics (needs outbox_app[prometheus]). The inbox's own numbers "
+            "come from outbox_app.ops.metrics.metrics_view.",
         )
         parser.add_argument(
             "--metrics-host",
