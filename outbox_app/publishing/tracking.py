@@ -69,6 +69,7 @@ from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 from django.db.models.fields.files import FieldFile
 from django.db.models.signals import post_delete
+from django.db.models.sql.constants import LOUTER
 from django.utils import timezone
 
 from ..events.types import validate_event_type
@@ -509,9 +510,23 @@ def _tracked_update(update):
                 for i in range(0, len(pks), UPDATE_BATCH)
             )
 
-        return _publish_changes(spec, self.order_by("pk"), write, self.db)
+        return _publish_changes(spec, _lockable(self, rows), write, self.db)
 
     return tracked_update
+
+
+def _lockable(chosen: models.QuerySet, rows: models.QuerySet) -> models.QuerySet:
+    """The rows of ``chosen`` as a queryset ``SELECT ... FOR UPDATE`` can
+    lock, in primary key order: ``chosen`` itself, or, when it has DISTINCT,
+    annotations or an outer join (PostgreSQL locks none of them), the rows of
+    ``rows`` (the model's plain queryset) whose keys it selects."""
+    query = chosen.query
+    outer = any(
+        getattr(join, "join_type", None) == LOUTER for join in query.alias_map.values()
+    )
+    if query.distinct or query.annotations or query.group_by is not None or outer:
+        chosen = rows.filter(pk__in=chosen.order_by().values("pk"))
+    return chosen.order_by("pk")
 
 
 def _tracked_bulk_update(bulk_update):

@@ -461,3 +461,23 @@ def test_an_f_expression_in_save_publishes_the_value_it_wrote():
     assert event_type == "GadgetUpdated"
     assert payload["changed"]["price"] == "6.00"
     assert payload["previous"]["price"] == "5.00"
+
+
+def test_update_of_a_distinct_annotated_or_outer_joined_queryset_publishes():
+    from django.db.models import Count, Q
+
+    tea = Category.objects.create(title="tea")
+    for name in ("Sencha", "Matcha"):
+        Product.objects.create(name=name, price=1, category=tea)
+    Product.objects.create(name="Cup", price=1)
+    OutboxEvent.objects.all().delete()
+    querysets = [  # PostgreSQL refuses FOR UPDATE with each of these
+        (Product.objects.filter(category__title="tea").distinct(), 2),
+        (Product.objects.annotate(n=Count("id")).filter(n__gte=1), 3),
+        (Product.objects.filter(Q(category__title="tea") | Q(name="Cup")), 3),
+    ]
+    for price, (queryset, rows) in enumerate(querysets, start=2):
+        assert queryset.update(price=price) == rows
+        changed = [e.payload["changed"] for e in events()]
+        OutboxEvent.objects.all().delete()
+        assert changed == [{"price": f"{price}.00"}] * rows
