@@ -29,6 +29,7 @@ from .base import (
     pretty_json,
     short_uuid,
 )
+from .deliveries import next_try
 
 
 class DeliveryInline(ReadOnly, admin.TabularInline):
@@ -39,7 +40,7 @@ class DeliveryInline(ReadOnly, admin.TabularInline):
         "subscriber",
         "state",
         "attempts",
-        "next_retry_at",
+        "next_retry",
         "last_error_type",
         "short_error",
         "completed_at",
@@ -53,6 +54,11 @@ class DeliveryInline(ReadOnly, admin.TabularInline):
     @admin.display(description=gettext_lazy("last error"))
     def short_error(self, obj: Delivery) -> str:
         return Truncator(obj.last_error).chars(120)
+
+    @admin.display(description=gettext_lazy("next try"))
+    def next_retry(self, obj: Delivery):
+        """Nothing for a finished row (its ``next_retry_at`` is stale)."""
+        return next_try(obj)
 
 
 def _deliveries(state: State):
@@ -199,10 +205,11 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         version = "" if obj.aggregate_version is None else f" v{obj.aggregate_version}"
         return f"{obj.aggregate_type}:{obj.aggregate_id}{version}"
 
-    @admin.display(description=gettext_lazy("deliveries"))
+    @admin.display(description=gettext_lazy("deliveries: succeeded / failed / dead"))
     def delivery_summary(self, obj: OutboxEvent):
         """succeeded / failed / dead, each in its state's colour when not
-        zero (the cell's title says which is which)."""
+        zero; the header is the legend, and the cell's title says it again
+        with the numbers."""
         counts = [
             (State.SUCCEEDED, obj.n_succeeded),
             (State.FAILED, obj.n_failed),
@@ -215,7 +222,12 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         )
         return format_html(
             '<span title="{}" style="white-space: nowrap">{}</span>',
-            _("succeeded / failed / dead"),
+            _("%(succeeded)d succeeded, %(failed)d failed, %(dead)d dead")
+            % {
+                "succeeded": obj.n_succeeded,
+                "failed": obj.n_failed,
+                "dead": obj.n_dead,
+            },
             parts,
         )
 
