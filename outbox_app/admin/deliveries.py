@@ -154,19 +154,19 @@ def next_try(obj: Delivery):
         text = _("lease %(left)s") % {"left": duration(max(seconds, 0))}
     elif getattr(obj, "outage", False):
         return format_html(
-            '<strong class="outbox-paused" style="color: #b35c00; '
-            'white-space: nowrap" title="{}">{}</strong>',
+            '<strong class="outbox-paused" style="color: #b35c00" title="{}">'
+            "{}</strong>",
             _(
                 "A relay paused this publisher: its destination is "
                 "unavailable. The delivery waits, with no attempt counted, "
                 "and is sent once a probe succeeds."
             ),
-            _("paused: destination unavailable"),
+            _("paused: outage"),
         )
     elif getattr(obj, "held", False):
         return format_html(
-            '<strong class="outbox-paused" style="color: #b35c00; '
-            'white-space: nowrap" title="{}">{}</strong>',
+            '<strong class="outbox-paused" style="color: #b35c00" title="{}">'
+            "{}</strong>",
             _(
                 "An operator paused this subscriber (Subscriptions): no "
                 "relay claims its deliveries until it is resumed."

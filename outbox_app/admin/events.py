@@ -11,7 +11,9 @@ from django.db.models import Count, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
@@ -103,6 +105,21 @@ class ReplayForm(forms.Form):
     def __init__(self, *args, choices, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["subscriber"].choices = choices
+
+
+def _deliveries_header() -> str:
+    """The deliveries column's header and its legend, on two lines: a header
+    does not wrap, and the legend on one line pushed the list past 1400 px."""
+    return format_html(
+        '{}<br><small class="outbox-legend" style="white-space: normal" '
+        'title="{}">{}</small>',
+        _("deliveries"),
+        _("Deliveries of the event: succeeded / failed / dead"),
+        _("succeeded / failed / dead"),
+    )
+
+
+DELIVERIES_HEADER = lazy(_deliveries_header, SafeString)()
 
 
 @admin.register(OutboxEvent)
@@ -205,7 +222,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         version = "" if obj.aggregate_version is None else f" v{obj.aggregate_version}"
         return f"{obj.aggregate_type}:{obj.aggregate_id}{version}"
 
-    @admin.display(description=gettext_lazy("deliveries: succeeded / failed / dead"))
+    @admin.display(description=DELIVERIES_HEADER)
     def delivery_summary(self, obj: OutboxEvent):
         """succeeded / failed / dead, each in its state's colour when not
         zero; the header is the legend, and the cell's title says it again

@@ -12,7 +12,9 @@ from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
@@ -38,10 +40,9 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
         "consumer",
         "event_type",
         "state_label",
-        "attempts",
         "next_retry",
         "short_error",
-        "received_at",
+        "received",
     ]
     list_display_links = ["id"]
     change_form_template = "admin/outbox_app/transitions_change_form.html"
@@ -93,10 +94,30 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_label(self, obj: InboxMessage):
-        return format_html(
+        """The coloured state and, once tried more than once, its attempts
+        ("dead x5", with a multiplication sign), as the deliveries'."""
+        label = format_html(
             '<strong style="color: {}">{}</strong>',
             COLOURS.get(obj.state, "inherit"),
             obj.get_state_display(),
+        )
+        if obj.attempts < 2:
+            return label
+        return format_html(
+            '{} <span title="{}" style="white-space: nowrap">&times;{}</span>',
+            label,
+            _("attempts"),
+            obj.attempts,
+        )
+
+    @admin.display(description=gettext_lazy("received"), ordering="received_at")
+    def received(self, obj: InboxMessage):
+        """How long ago, on one line; the exact time is the title."""
+        seconds = (database_now(obj._state.db) - obj.received_at).total_seconds()
+        return format_html(
+            '<span title="{}" style="white-space: nowrap">{}</span>',
+            date_format(localtime(obj.received_at), "DATETIME_FORMAT"),
+            _("%(ago)s ago") % {"ago": duration(max(seconds, 0))},
         )
 
     @admin.display(description=gettext_lazy("next try"), ordering="next_retry_at")

@@ -84,7 +84,6 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
         "relay",
         "last_served",
         "paused",
-        "retired",
     ]
     list_filter = [ServedFilter, PausedFilter, "kind", "ordered"]
     search_fields = ["subscriber", "event_type", "last_seen_by"]
@@ -104,7 +103,6 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
         "first_seen_at",
         "last_served",
         "paused",
-        "retired",
     ]
     readonly_fields = fields
 
@@ -148,15 +146,24 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
     @admin.display(description=gettext_lazy("relay"), ordering="last_seen_at")
     def relay(self, obj: Subscription):
         """Whether a relay serves it now (refreshed within two minutes; a
-        running relay refreshes it every minute)."""
-        words, colour = SERVING[
-            serving(obj.retired_at, obj.last_seen_at, database_now(obj._state.db))
-        ]
-        return format_html(
+        running relay refreshes it every minute); a retired one says when and
+        by whom."""
+        now = database_now(obj._state.db)
+        words, colour = SERVING[serving(obj.retired_at, obj.last_seen_at, now)]
+        badge = format_html(
             '<span style="color: {}; font-weight: 600; white-space: nowrap">'
             "● {}</span>",
             colour,
             words,
+        )
+        if obj.retired_at is None:
+            return badge
+        return format_html(
+            '{}<br><small title="{}">{}</small>',
+            badge,
+            obj.retired_at.isoformat(),
+            _("%(ago)s ago by %(who)s")
+            % {"ago": _ago(obj.retired_at, now), "who": obj.retired_by or "?"},
         )
 
     @admin.display(description=gettext_lazy("last served"), ordering="last_seen_at")
@@ -196,18 +203,6 @@ class SubscriptionAdmin(OutboxAdminBase, admin.ModelAdmin):
                 _("for %(since)s") % {"since": _ago(obj.paused_at, now)},
             )
         return "-"
-
-    @admin.display(description=gettext_lazy("retired"), ordering="retired_at")
-    def retired(self, obj: Subscription):
-        if obj.retired_at is None:
-            return "-"
-        return format_html(
-            '<span title="{}">{}</span><br><small>{}</small>',
-            obj.retired_at.isoformat(),
-            _("%(ago)s ago")
-            % {"ago": _ago(obj.retired_at, database_now(obj._state.db))},
-            obj.retired_by,
-        )
 
     # --- actions ---
 

@@ -187,7 +187,7 @@ def test_deliveries_of_a_paused_subscriber_say_paused_not_due(admin_client):
         )
     )
     plain = {k: re.sub(r"<[^>]+>", "", v) for k, v in cells.items()}
-    assert plain["rabbitmq"] == "paused: destination unavailable"
+    assert plain["rabbitmq"] == "paused: outage"
     assert plain["audit"] == "paused by an operator"
     assert plain["mailer"] == "due"
     assert plain["ledger"] == "-"  # finished: nothing is next
