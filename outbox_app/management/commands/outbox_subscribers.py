@@ -245,7 +245,9 @@ class Command(BaseCommand):
             )
         )
         for line in lines:
-            text = "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+            text = "  ".join(
+                c.ljust(w) for c, w in zip(line, widths, strict=True)
+            ).rstrip()
             quiet = line[3] in ("serving", "retired") and line[5] == "-"
             self.stdout.write(text if quiet else self.style.WARNING(text))
 
