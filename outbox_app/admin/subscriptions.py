@@ -4,6 +4,8 @@ retire and reactivate a subscription."""
 
 from __future__ import annotations
 
+import datetime
+
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.db.models import OuterRef, Subquery
@@ -15,27 +17,37 @@ from ..exceptions import OutboxError
 from ..ops import subscriptions as operations
 from ..store.clock import database_now
 from ..store.models import SubscriberPause, Subscription
-from ..store.querysets import serving
+from ..store.querysets import SERVING_SECONDS, serving
 from ..templatetags.outbox_admin import duration
 from .base import OutboxAdminBase
 
 
 class ServedFilter(admin.SimpleListFilter):
+    """By whether a process serves the subscription now, as the relay column
+    (and ``outbox_subscribers``) say it: ``store.querysets.serving``."""
+
     title = gettext_lazy("served")
     parameter_name = "served"
 
     def lookups(self, request, model_admin):
         return [
-            ("served", _("served by a running relay")),
-            ("unserved", _("no running relay has it")),
+            ("serving", _("serving: refreshed within 2 minutes")),
+            ("stale", _("no relay now: 2 to 5 minutes")),
+            ("unserved", _("unserved: longer")),
             ("retired", _("retired")),
         ]
 
     def queryset(self, request, queryset):
-        if self.value() == "served":
-            return queryset.served()
+        now = database_now(queryset.db)
+        serving_since = now - datetime.timedelta(seconds=SERVING_SECONDS)
+        if self.value() == "serving":
+            return queryset.active().filter(last_seen_at__gte=serving_since)
+        if self.value() == "stale":
+            return queryset.served(now).filter(last_seen_at__lt=serving_since)
+        if self.value() == "served":  # its former choice, in bookmarks
+            return queryset.served(now)
         if self.value() == "unserved":
-            return queryset.unserved()
+            return queryset.unserved(now)
         if self.value() == "retired":
             return queryset.filter(retired_at__isnull=False)
         return queryset

@@ -153,6 +153,15 @@ def test_subscriptions_list__serving_last_served_and_paused(admin_client):
     assert "● serving" in rows["running"] and "by admin: alice" in rows["running"]
     assert "● no relay now" in rows["stopped"] and "3 min 0 s ago" in rows["stopped"]
     assert "● unserved" in rows["gone"] and "1 h 0 min ago" in rows["gone"]
+    for served, names in {
+        "serving": ["rabbitmq", "running"],
+        "stale": ["stopped"],
+        "unserved": ["gone"],
+        "served": ["rabbitmq", "running", "stopped"],  # the former choice
+    }.items():
+        page = admin_client.get(SUBSCRIPTIONS, {"served": served})
+        listed = [s.subscriber for s in page.context["cl"].result_list]
+        assert listed == names, served
     assert "destination unavailable" in rows["rabbitmq"]
     assert "for 2 min 0 s; next probe in" in rows["rabbitmq"]
     page = admin_client.get(
