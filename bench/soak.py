@@ -92,13 +92,14 @@ and the queue was consumed:
 
 **Set-up.** The database of ``DATABASE_URL`` (default
 ``postgres://postgres@127.0.0.1:5432/outbox_soak``; its name must contain
-"soak": the soak migrates it and empties its tables) and the vhost of
-``--broker-url`` (not ``/``: the soak closes every connection of it) are
-created when missing (``rabbitmqctl`` on this machine, as root). Where a
-PostgreSQL server runs with ``autovacuum = off`` (this machine's main
-cluster), the soak runs ``VACUUM ANALYZE`` on its tables every 10 s, as
-autovacuum would. For a database restart, give the soak a PostgreSQL cluster
-of its own and restart only that one::
+"soak": the soak drops it, creates it anew and migrates it, so no earlier
+run's schema or rows take part) and the vhost of ``--broker-url`` (not ``/``:
+the soak closes every connection of it, created when missing) are set up
+(``rabbitmqctl`` on this machine, as root). Where a PostgreSQL server runs
+with ``autovacuum = off`` (this machine's main cluster), the soak runs
+``VACUUM ANALYZE`` on its tables every 10 s, as autovacuum would. For a
+database restart, give the soak a PostgreSQL cluster of its own and restart
+only that one::
 
     pg_createcluster 15 soak -p 5433 --start
     # trust for local TCP, as the main cluster has:
@@ -243,12 +244,15 @@ class SetUpError(Exception):
 
 
 def ensure_database(url: str) -> dict:
-    """Create the database of ``url`` if missing; its Django settings dict."""
+    """Make the database of ``url`` anew (dropped if it exists, then
+    created), so no earlier run's rows or schema take part; its Django
+    settings dict. Raises SetUpError for a name without 'soak' or another
+    database than PostgreSQL or MySQL/MariaDB."""
     config = environ.Env.db_url_config(url)
     name, engine = config["NAME"], config["ENGINE"]
     if "soak" not in name:
         raise SetUpError(
-            f"refusing database {name!r}: the soak empties its tables, so its "
+            f"refusing database {name!r}: the soak drops and recreates it, so its "
             "name must contain 'soak' (e.g. outbox_soak)"
         )
     host, port = config.get("HOST") or "127.0.0.1", config.get("PORT")
@@ -265,11 +269,11 @@ def ensure_database(url: str) -> dict:
             dbname="postgres",
             autocommit=True,
         ) as conn:
-            found = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", [name]
-            ).fetchone()
-            if not found:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            name_sql = sql.Identifier(name)
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name_sql)
+            )
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(name_sql))
     elif engine.endswith("mysql"):
         import MySQLdb
 
@@ -280,9 +284,9 @@ def ensure_database(url: str) -> dict:
             passwd=password or "",
         )
         try:
-            conn.cursor().execute(
-                f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4"
-            )
+            cursor = conn.cursor()
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         finally:
             conn.close()
     else:

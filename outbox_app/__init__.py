@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .inbox.receive import ConsumeContext
     from .inbox.registry import consumer
     from .publishing.aggregates import RecordsEvents, translator
+    from .publishing.enqueue import enqueue
     from .publishing.outbox import acting, events_committed, outbox_action, publish
     from .publishing.tracking import track, untracked
     from .relay.registry import handler
@@ -41,6 +42,7 @@ __all__ = [
     "RecordsEvents",
     "acting",
     "consumer",
+    "enqueue",
     "events_committed",
     "handler",
     "outbox_action",
@@ -56,6 +58,7 @@ _LAZY = {
     "outbox_action": "publishing.outbox",
     "events_committed": "publishing.outbox",
     "acting": "publishing.outbox",
+    "enqueue": "publishing.enqueue",
     "track": "publishing.tracking",
     "RecordsEvents": "publishing.aggregates",
     "translator": "publishing.aggregates",

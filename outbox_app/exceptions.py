@@ -81,6 +81,20 @@ class InvalidSchedule(InvalidEvent):
     has expired already."""
 
 
+class UnsupportedTask(InvalidEvent):
+    """``enqueue()`` was given what it cannot send as one task: a Celery
+    canvas of several tasks (a chain, a group, a chord: enqueue each task, or
+    run the canvas from a task you enqueue), an option the outbox sets itself
+    (``task_id``: the task's id is the outbox event's), or something that is
+    not a Celery signature. Nothing is written."""
+
+
+class NoTaskPublisher(OutboxError, ImproperlyConfigured):
+    """``enqueue()`` was called while no ``OUTBOX_PUBLISHERS`` entry has the
+    backend ``outbox_app.publishers.celery.CeleryPublisher``: no relay would
+    ever send the task. Nothing is written."""
+
+
 class UntrackedWrite(OutboxError):
     """A write to a tracked model (``@outbox_app.track``) that cannot publish
     its change events: a ``bulk_create()`` ignoring conflicts or updating them,

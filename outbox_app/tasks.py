@@ -1,4 +1,4 @@
-"""Celery tasks running the relay; the only module that imports Celery.
+"""Celery tasks running the relay.
 
 Add the tasks to beat with :func:`beat_schedule`::
 
@@ -22,14 +22,12 @@ import threading
 import time
 from typing import Any
 
-from celery import Celery, shared_task
+from celery import shared_task
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django.utils.module_loading import import_string
 
 from .conf import mask_url, outbox_settings
 from .exceptions import RelayAlreadyRunning
+from .publishers.celery import celery_app
 from .relay.registry import handlers, publishers
 
 RELAY_EVENTS = "outbox_app.relay_events"
@@ -167,54 +165,6 @@ def beat_schedule(
             "options": {"expires": purge_every},
         },
     }
-
-
-def celery_app() -> Celery:
-    """The Celery app the on-commit wake-ups are sent with.
-
-    ``OUTBOX_CELERY_APP`` names it (``"yourproject.celery.app"``); unset, it is
-    an app configured from Django's ``CELERY_*`` settings, as the ``celery.py``
-    of Celery's Django guide configures the project's own
-    (``config_from_object("django.conf:settings", namespace="CELERY")``). Not
-    Celery's "current app": in a web process that is Celery's fallback app
-    (localhost broker, queue ``celery``) unless the project's ``__init__``
-    imported its app, and only in the importing thread.
-
-    Raises:
-        ImproperlyConfigured: ``OUTBOX_CELERY_APP`` cannot be imported or is
-            not a Celery app.
-    """
-    path = outbox_settings.CELERY_APP
-    cached = _apps.get(path)
-    if cached is not None:
-        return cached
-    if path:
-        try:
-            app = import_string(path)
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                f"OUTBOX_CELERY_APP = {path!r} cannot be imported: {exc} "
-                "(check outbox.E017)."
-            ) from exc
-        if not isinstance(app, Celery):
-            raise ImproperlyConfigured(
-                f"OUTBOX_CELERY_APP = {path!r} is a {type(app).__name__}, not a "
-                "Celery app (check outbox.E017)."
-            )
-    else:
-        app = Celery("outbox_app", set_as_current=False, fixups=[])
-        app.config_from_object("django.conf:settings", namespace="CELERY")
-    _apps[path] = app
-    return app
-
-
-_apps: dict[str | None, Celery] = {}
-
-
-@receiver(setting_changed)
-def _forget_apps(setting: str, **kwargs: Any) -> None:
-    if setting == "OUTBOX_CELERY_APP" or setting.startswith("CELERY_"):
-        _apps.clear()
 
 
 class Waker:

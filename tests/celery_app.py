@@ -27,3 +27,10 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 app.autodiscover_tasks(["outbox_app"])
+
+
+@app.task(name="tests.record_task", bind=True)
+def record_task(self, path: str, value) -> None:
+    """Append ``<task id> <value>`` to the file ``path``: what ran, and as what."""
+    with open(path, "a") as file:
+        file.write(f"{self.request.id} {value}\n")

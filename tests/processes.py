@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from django.db import connection
@@ -109,6 +110,41 @@ class Watched:
             process.stdout.close()
             process.stderr.close()
         return process.returncode
+
+
+def celery_worker(*args: str, **env: str) -> Watched:
+    """A Celery worker of ``tests/celery_app.py`` (solo pool) with ``args``
+    and ``env``, once it is ready; the test fails if it exits at start."""
+    import pytest
+
+    process = spawn(
+        "-m",
+        "celery",
+        "-A",
+        "tests.celery_app",
+        "worker",
+        # A node name of its own: the default (celery@host) shares its
+        # exclusive pidbox queue with every other worker on this machine and
+        # broker (another suite's, the docs job's), which stops it at start.
+        "--hostname",
+        f"outbox-tests-{uuid.uuid4().hex[:8]}@%h",
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        *args,
+        **env,
+    )
+    worker = Watched(process)
+    wait_for(
+        lambda: worker.has(r"ready\.") or process.poll() is not None,
+        60,
+        "the Celery worker",
+    )
+    if process.poll() is not None:
+        worker.stop()  # its pipes closed: no ResourceWarning in a later test
+        pytest.fail(f"the Celery worker exited at start:\n{worker.text()}")
+    return worker
 
 
 def publisher_relay(publishers: dict, batch_size: int, **env: str) -> Watched:

@@ -89,6 +89,8 @@ OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0")
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
 OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
 OUTBOX_PUBLISHERS = json.loads(os.environ.get("OUTBOX_TEST_PUBLISHERS", "{}"))
+# The Celery app enqueued tasks are sent with (tests/celery_app.py's).
+OUTBOX_CELERY_APP = os.environ.get("OUTBOX_TEST_CELERY_APP")
 # No handler of its own: records propagate to the root logger, where pytest's
 # logging plugin captures them per test.
 LOGGING = {

@@ -6,6 +6,7 @@ Ids: ``outbox.E001``-``outbox.E0xx`` for settings that cannot work,
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 
 from django.conf import settings
@@ -60,6 +61,9 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 )
             )
         else:
+            messages.extend(_check_celery_app())
+    elif _sends_tasks():  # Celery missing: the entry's BACKEND fails to import
+        with contextlib.suppress(ImportError):
             messages.extend(_check_celery_app())
     unknown = sorted(
         name
@@ -131,9 +135,19 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return messages
 
 
+def _sends_tasks() -> bool:
+    """Some ``OUTBOX_PUBLISHERS`` entry sends enqueued Celery tasks."""
+    from ..publishing.enqueue import TASK_BACKEND
+
+    entries = outbox_settings.raw("PUBLISHERS")
+    return valid_publishers(entries) and any(
+        options.get("BACKEND") == TASK_BACKEND for options in entries.values()
+    )
+
+
 def _check_celery_app() -> list[checks.CheckMessage]:
     """The app wake-ups are sent with can be built, and names a broker."""
-    from ..tasks import celery_app
+    from ..publishers.celery import celery_app
 
     path = outbox_settings.raw("CELERY_APP")
     if not RULES["CELERY_APP"][1](path):
@@ -152,8 +166,9 @@ def _check_celery_app() -> list[checks.CheckMessage]:
     if path is None and not hasattr(settings, "CELERY_BROKER_URL"):
         return [
             checks.Warning(
-                "OUTBOX_CELERY_WAKE is on, but neither OUTBOX_CELERY_APP nor "
-                "CELERY_BROKER_URL is set: wake-ups would go to Celery's default "
+                "outbox_app sends to Celery (OUTBOX_CELERY_WAKE, or a "
+                "CeleryPublisher for enqueued tasks), but neither OUTBOX_CELERY_APP "
+                "nor CELERY_BROKER_URL is set: it would send to Celery's default "
                 "broker (amqp://guest@localhost//), where your workers may not "
                 "listen.",
                 hint='Set OUTBOX_CELERY_APP = "yourproject.celery.app", or '
@@ -162,6 +177,24 @@ def _check_celery_app() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+@checks.register("outbox", checks.Tags.models)
+def check_tracked_models(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``@track``'s ``names`` map operations only."""
+    from ..publishing.tracking import SUFFIXES, tracked_models
+
+    return [
+        checks.Error(
+            f"@track on {spec.model._meta.label}: names has key(s) "
+            f"{list(spec.unknown_names)}, which are no operation.",
+            hint=f"Use {sorted(SUFFIXES)}: each maps to its event type's suffix.",
+            obj=spec.model,
+            id="outbox.E026",
+        )
+        for spec in tracked_models()
+        if spec.unknown_names
+    ]
 
 
 @checks.register("outbox", checks.Tags.database)

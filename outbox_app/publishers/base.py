@@ -45,8 +45,17 @@ DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
 COMMON_OPTIONS = frozenset(
     {"BACKEND", "EVENT_TYPES", "ORDERED", "MAX_ATTEMPTS", "ALIASES"}
 )
+#: Names a destination template may use beside the context's fields, each
+#: computed from the context: ``{dimension}`` is the aggregate type lower-cased
+#: (``product`` for ``@track(aggregate_type="Product")``), as routing keys
+#: such as ``product.update`` spell it.
+DERIVED_FIELDS = {
+    "dimension": lambda context: (context.aggregate_type or "").lower(),
+}
 #: The names a destination template (a routing key, a subject) may use.
-CONTEXT_FIELDS = frozenset(f.name for f in fields(DeliveryContext))
+CONTEXT_FIELDS = frozenset(f.name for f in fields(DeliveryContext)) | frozenset(
+    DERIVED_FIELDS
+)
 
 
 class Publisher(Subscriber):
@@ -198,7 +207,8 @@ def template_fields(name: str, option: str, template: Any) -> frozenset[str]:
 
 def render(template: str, used: frozenset[str], context: DeliveryContext) -> str:
     """``template`` formatted with ``context``'s fields ``used`` (as
-    :func:`template_fields` found them); a ``None`` field formats as ``""``.
+    :func:`template_fields` found them, :data:`DERIVED_FIELDS` included); a
+    ``None`` field formats as ``""``.
 
     Raises:
         KeyError, IndexError, AttributeError: an item or attribute the template
@@ -206,7 +216,8 @@ def render(template: str, used: frozenset[str], context: DeliveryContext) -> str
     """
     values = {}
     for field in used:
-        value = getattr(context, field)
+        derived = DERIVED_FIELDS.get(field)
+        value = derived(context) if derived else getattr(context, field)
         values[field] = "" if value is None else value
     return template.format_map(values)
 

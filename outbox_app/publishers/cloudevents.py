@@ -22,7 +22,9 @@ The envelope of an ``OrderPlaced`` event published for ``shop.Order`` 42::
       "tenantid": "acme",
       "actionid": "0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01",
       "correlationid": "req-7f3a",
-      "causationid": "0190b6f0-6d2a-7000-8000-000000000001"
+      "causationid": "0190b6f0-6d2a-7000-8000-000000000001",
+      "actor": "7",
+      "metadata": "{\\"path\\":\\"/orders/\\",\\"ip\\":\\"10.0.0.5\\"}"
     }
 
 Attributes whose value is absent (no aggregate, no tenant, no header) are left
@@ -81,7 +83,10 @@ def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
       late; ``operation`` (``publish(operation=...)``: create, update,
       delete, soft_delete for a tracked model); the distributed tracing
       extension's ``traceparent`` / ``tracestate`` from the headers of the
-      same names. Other headers are not part of the envelope.
+      same names; ``actor`` (who acted: :func:`~outbox_app.acting`'s actor, as
+      text; a non-string actor as its JSON text) and ``metadata`` (the
+      acting block's metadata, a JSON object as text). Other headers are not
+      part of the envelope.
 
     Absent values are omitted, never ``null``.
 
@@ -124,7 +129,19 @@ def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
     for key, attribute in HEADER_EXTENSIONS.items():
         value = headers.get(key)
         envelope[attribute] = None if value is None else str(value)
+    actor, metadata = headers.get("actor"), headers.get("metadata")
+    envelope["actor"] = None if actor is None else _text(actor)
+    envelope["metadata"] = _text(metadata) if metadata else None
     return {name: value for name, value in envelope.items() if value is not None}
+
+
+def _text(value: Any) -> str:
+    """A header value as an extension attribute's text: a string as it is,
+    any other JSON value as its compact JSON text (extension attributes are
+    scalars: CloudEvents core spec, "Type System")."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def body(context: DeliveryContext) -> bytes:

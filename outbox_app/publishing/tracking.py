@@ -30,7 +30,13 @@ How each write is covered, so no write escapes silently:
   the outbox rule holds: no change without its event, no event without its
   change). An update reads the stored row with ``SELECT ... FOR UPDATE`` first:
   ``previous`` is what the database held, and concurrent saves of the row are
-  serialised. A save that changes no tracked field publishes nothing.
+  serialised. A save that changes no tracked field publishes nothing, nor
+  one that changes only ``auto_now`` fields. Values are compared and
+  published as the database stores them: one not yet in its stored form
+  (text for a number or a date, a Decimal of another scale, an ``F()``
+  expression) is read back after the save. A new instance whose primary key
+  has no default may name a stored row: it is read first, and Django's
+  ``UPDATE`` of it publishes an Updated event, not a Created one.
 - ``delete()``, ``QuerySet.delete()`` and deletes by cascade publish through
   Django's ``post_delete`` signal, inside the deletion's transaction; one
   INSERT for all the events of one ``delete()`` call.
@@ -52,20 +58,31 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 from django.db.models.fields.files import FieldFile
 from django.db.models.signals import post_delete
+from django.utils import timezone
 
 from ..events.types import validate_event_type
 from ..exceptions import UntrackedWrite
 from ..store.db import lock_waiting
 from .outbox import publish, publish_each
 
+#: The operations of a tracked model and their event types' default suffix.
+SUFFIXES = {
+    "create": "Created",
+    "update": "Updated",
+    "soft_delete": "SoftDeleted",
+    "delete": "Deleted",
+}
 #: model class -> its tracking
 _tracked: dict[type[models.Model], Tracking] = {}
 #: While set, tracked writes publish nothing (:func:`untracked`).
@@ -84,14 +101,46 @@ class Tracking:
     name: str
     fields: tuple[models.Field, ...]
     soft_delete: models.Field | None
+    #: The events' aggregate type (default: the model's label).
+    aggregate_type: str
+    #: operation -> event type suffix (:data:`SUFFIXES` with ``names`` over it).
+    suffixes: dict[str, str]
+    #: Keys of ``names`` that are no operation (``manage.py check`` names them).
+    unknown_names: tuple[str, ...] = ()
 
-    def event_type(self, suffix: str) -> str:
-        return f"{self.name}{suffix}"
+    def event_type(self, operation: str) -> str:
+        return f"{self.name}{self.suffixes[operation]}"
 
-    def values(self, instance: models.Model) -> dict[str, Any]:
+    def aggregate(self, pk: Any) -> tuple[str, Any]:
+        """The ``(aggregate_type, aggregate_id)`` of the row ``pk``."""
+        return self.aggregate_type, pk
+
+    def values(self, instance: models.Model, using: str) -> dict[str, Any]:
+        """The tracked values of a saved ``instance`` as the database holds
+        them: read back (one SELECT of those fields) when one is not yet in
+        its stored form (text for a number or a date, a Decimal of another
+        scale, an ``F()`` expression)."""
+        values = {f.attname: f.value_from_object(instance) for f in self.fields}
+        unsure = [f.attname for f in self.fields if not _stored(f, values[f.attname])]
+        if unsure:
+            rows = self.model._base_manager.using(using).filter(pk=instance.pk)
+            values.update(rows.values(*unsure).get())
+        return {f.attname: _plain(f, values[f.attname]) for f in self.fields}
+
+    def last_values(self, instance: models.Model) -> dict[str, Any]:
+        """The tracked values ``instance`` holds (one just read from the
+        database, or deleted: its last values)."""
         return {
             f.attname: _plain(f, f.value_from_object(instance)) for f in self.fields
         }
+
+    @functools.cached_property
+    def auto_now(self) -> frozenset[str]:
+        """The tracked fields ``save()`` sets itself (``auto_now``): their
+        change alone is no change of the row."""
+        return frozenset(
+            f.attname for f in self.fields if getattr(f, "auto_now", False)
+        )
 
     def stored(self, rows: models.QuerySet) -> dict[Any, dict[str, Any]]:
         """The tracked values of ``rows`` as the database holds them, by
@@ -110,6 +159,8 @@ def track(
     exclude: Iterable[str] = (),
     soft_delete: str | None = None,
     name: str | None = None,
+    aggregate_type: str | None = None,
+    names: dict[str, str] | None = None,
 ):
     """Class decorator: publish a change event for every write of the model.
 
@@ -121,6 +172,15 @@ def track(
         soft_delete: a nullable field whose change from empty to a value is a
             soft delete (``{Name}SoftDeleted``, operation ``soft_delete``).
         name: the event types' prefix (default: the model's class name).
+        aggregate_type: the events' aggregate type, 1 to 150 characters
+            (default: the model's label, ``shop.Product``); a short code
+            (``"PRD"``) or a name (``"Product"``) as subscribers know it.
+        names: the event type suffix of each operation (``create``,
+            ``update``, ``soft_delete``, ``delete``) over the defaults
+            :data:`SUFFIXES`: ``{"soft_delete": "Deleted", "delete":
+            "ForceDeleted"}`` publishes ``ProductDeleted`` for a soft delete
+            and ``ProductForceDeleted`` for a row deleted for good. Another
+            key is reported by ``manage.py check`` (``outbox.E026``).
 
     Returns:
         The model class, its ``save`` wrapped.
@@ -145,12 +205,24 @@ def track(
         except FieldDoesNotExist as exc:
             raise ImproperlyConfigured(f"@track on {opts.label}: {exc}") from exc
         prefix = name or cls.__name__
-        validate_event_type(f"{prefix}SoftDeleted")
+        given = dict(names or {})
+        suffixes = {op: given.get(op, suffix) for op, suffix in SUFFIXES.items()}
+        for suffix in suffixes.values():
+            validate_event_type(f"{prefix}{suffix}")
+        kind = aggregate_type if aggregate_type is not None else opts.label
+        if not isinstance(kind, str) or not 0 < len(kind) <= 150:
+            raise ImproperlyConfigured(
+                f"@track on {opts.label}: aggregate_type must be a string of 1 "
+                f"to 150 characters, got {kind!r}"
+            )
         spec = Tracking(
             cls,
             prefix,
             tuple(f for f in wanted if f.name not in skipped and f.concrete),
             soft,
+            kind,
+            suffixes,
+            tuple(sorted(set(given) - set(SUFFIXES))),
         )
         _tracked[cls] = spec
         cls.save = _saving(cls.save, spec)
@@ -160,6 +232,11 @@ def track(
         return cls
 
     return register(model) if model is not None else register
+
+
+def tracked_models() -> list[Tracking]:
+    """How each model ``@track`` registered is tracked."""
+    return list(_tracked.values())
 
 
 @contextlib.contextmanager
@@ -183,7 +260,9 @@ def _saving(save, spec: Tracking):
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         with transaction.atomic(using=using):
             before = None
-            if not self._state.adding and self.pk is not None:
+            if self.pk is not None and (
+                not self._state.adding or not self._meta.pk.has_default()
+            ):  # a row that may be stored: Django updates it if it is
                 rows = spec.model._base_manager.using(using).filter(pk=self.pk)
                 before = next(iter(spec.stored(rows).values()), None)
             result = save(self, *args, **kwargs)
@@ -194,9 +273,9 @@ def _saving(save, spec: Tracking):
 
 
 def _publish_save(spec, instance, before, update_fields, using) -> None:
-    after = spec.values(instance)
+    after = spec.values(instance, using)
     if before is None:
-        event, operation = _event(spec, "Created", instance.pk, values=after), "create"
+        event, operation = _event(spec, "create", instance.pk, values=after), "create"
     else:
         names = {f.attname for f in spec.fields}
         if update_fields is not None:
@@ -206,7 +285,9 @@ def _publish_save(spec, instance, before, update_fields, using) -> None:
         if change is None:
             return
         event, operation = change
-    publish(event, aggregate=instance, operation=operation, using=using)
+    publish(
+        event, aggregate=spec.aggregate(instance.pk), operation=operation, using=using
+    )
 
 
 def _change(
@@ -216,14 +297,14 @@ def _change(
     by attname), comparing ``names``, and its operation; None when none of
     them changed."""
     changed = sorted(n for n in names if before[n] != after[n])
-    if not changed:
+    if not set(changed) - spec.auto_now:
         return None
     soft = spec.soft_delete
     if soft is not None and before[soft.attname] is None and after[soft.attname]:
-        return _event(spec, "SoftDeleted", pk, values=after), "soft_delete"
+        return _event(spec, "soft_delete", pk, values=after), "soft_delete"
     event = _event(
         spec,
-        "Updated",
+        "update",
         pk,
         changed={n: after[n] for n in changed},
         previous={n: before[n] for n in changed},
@@ -238,8 +319,8 @@ def _deleted(sender, instance, using, **kwargs) -> None:
     spec = _tracked[sender]
     pk = instance.pk
     item = (
-        _event(spec, "Deleted", pk, values=spec.values(instance)),
-        (spec.model._meta.label, pk),
+        _event(spec, "delete", pk, values=spec.last_values(instance)),
+        spec.aggregate(pk),
     )
     buffer = _deleting.get()
     if buffer is not None:
@@ -248,11 +329,32 @@ def _deleted(sender, instance, using, **kwargs) -> None:
         publish_each([item], operation="delete", using=using)
 
 
-def _event(spec: Tracking, suffix: str, pk: Any, **payload: Any) -> dict[str, Any]:
+def _event(spec: Tracking, operation: str, pk: Any, **payload: Any) -> dict[str, Any]:
     return {
-        "event_type": spec.event_type(suffix),
+        "event_type": spec.event_type(operation),
         "payload": {"pk": pk, **payload},
     }
+
+
+def _stored(field: models.Field, value: Any) -> bool:
+    """Whether ``value`` is already what reading ``field`` back would give:
+    its Python type (``to_python``), a Decimal at the field's scale, an aware
+    datetime under ``USE_TZ``; not an expression."""
+    if value is None or isinstance(field, models.FileField):
+        return True
+    if hasattr(value, "resolve_expression"):
+        return False
+    try:
+        python = field.to_python(value)
+    except ValidationError:
+        return False
+    if type(python) is not type(value) or python != value:
+        return False
+    if isinstance(field, models.DecimalField) and python.is_finite():
+        return python.as_tuple().exponent == -field.decimal_places
+    if isinstance(python, datetime.datetime) and settings.USE_TZ:
+        return timezone.is_aware(python)
+    return True
 
 
 def _plain(field: models.Field, value: Any) -> Any:
@@ -368,8 +470,8 @@ def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
     publish_each(
         [
             (
-                _event(spec, "Created", obj.pk, values=spec.values(obj)),
-                (spec.model._meta.label, obj.pk),
+                _event(spec, "create", obj.pk, values=spec.values(obj, using)),
+                spec.aggregate(obj.pk),
             )
             for obj in objs
         ],
@@ -433,10 +535,10 @@ def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:
         for pk, was in before.items():
             if pk not in after:
                 continue
-            change = _change(spec, pk, was, spec.values(after[pk]), names)
+            change = _change(spec, pk, was, spec.last_values(after[pk]), names)
             if change is not None:
                 event, operation = change
-                item = (event, (spec.model._meta.label, pk))
+                item = (event, spec.aggregate(pk))
                 by_operation.setdefault(operation, []).append(item)
         for operation, items in by_operation.items():
             publish_each(items, operation=operation, using=using)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import signal
 from collections import defaultdict
 
@@ -338,3 +339,30 @@ def test_unroutable_rows_are_told_apart_for_requeue(rabbitmq, settings, unique):
         "outbox_requeue", "--subscriber", "bus", "--error-type", kind, stdout=out
     )
     assert "Requeued 2 FAILED/DEAD deliveries of bus." in out.getvalue()
+
+
+def test_who_acted_reaches_the_broker(rabbitmq, settings, unique, django_user_model):
+    from django.test import RequestFactory
+
+    from outbox_app.middleware import ActingMiddleware
+    from tests.testapp.models import Product
+
+    queue = rabbitmq.bind(f"{unique}-q", unique)
+    configure(settings, rabbitmq.url, unique)
+    user = django_user_model.objects.create(username="ana")
+
+    def view(request):
+        Product.objects.create(name="Sencha", price=1)
+
+    request = RequestFactory().post("/products/", HTTP_X_REQUEST_ID="req-9")
+    request.user = user
+    ActingMiddleware(view)(request)
+    assert relay_once(kind="publisher").succeeded == 1
+    [message] = rabbitmq.drain(queue)
+    event = body(message)
+    assert event["actor"] == str(user.pk)
+    assert json.loads(event["metadata"]) == {
+        "method": "POST",
+        "path": "/products/",
+        "request_id": "req-9",
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import uuid
 
 import pytest
 from django.db import transaction
@@ -13,7 +12,7 @@ from django.utils import timezone
 from outbox_app import publish
 from outbox_app.tasks import beat_schedule
 from tests.conftest import require_service
-from tests.processes import Watched, spawn, wait_for
+from tests.processes import celery_worker, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -31,38 +30,14 @@ def celery_app():
 
 
 def start_worker(app, tmp_path, beat_interval: float):
-    process = spawn(
-        "-m",
-        "celery",
-        "-A",
-        "tests.celery_app",
-        "worker",
-        # A node name of its own: the default (celery@host) shares its
-        # exclusive pidbox queue with every other worker on this machine and
-        # broker (another suite's, the docs job's), which stops it at start.
-        "--hostname",
-        f"outbox-tests-{uuid.uuid4().hex[:8]}@%h",
+    return celery_worker(
         "--beat",
-        "--pool",
-        "solo",
-        "--loglevel",
-        "INFO",
         "--schedule",
         str(tmp_path / "beat-schedule"),
         OUTBOX_TEST_HANDLER_SETS="record",
         OUTBOX_TEST_BEAT_INTERVAL=str(beat_interval),
         OUTBOX_TEST_CELERY_QUEUE=app.conf.task_default_queue,
     )
-    worker = Watched(process)
-    wait_for(
-        lambda: worker.has(r"ready\.") or process.poll() is not None,
-        60,
-        "the Celery worker",
-    )
-    if process.poll() is not None:
-        worker.stop()  # its pipes closed: no ResourceWarning in a later test
-        pytest.fail(f"the Celery worker exited at start:\n{worker.text()}")
-    return worker
 
 
 def test_beat_schedule_fragment():

@@ -63,3 +63,20 @@ class Account(RecordsEvents, models.Model):
     def credit(self, amount, event_class=Credited) -> None:
         self.balance += amount
         self.record(event_class(amount=amount))
+
+
+@track(
+    aggregate_type="Gadget",
+    soft_delete="removed_at",
+    names={"soft_delete": "Deleted", "delete": "ForceDeleted"},
+)
+class Gadget(models.Model):
+    """A tracked model named as its subscribers know it: aggregate type
+    ``Gadget``, a soft delete published as ``GadgetDeleted`` and a delete for
+    good as ``GadgetForceDeleted``."""
+
+    name = models.CharField(max_length=50)
+    price = models.DecimalField(max_digits=8, decimal_places=2, default=0)
+    launched = models.DateField(null=True, blank=True)
+    touched = models.DateTimeField(auto_now=True)
+    removed_at = models.DateTimeField(null=True, blank=True)

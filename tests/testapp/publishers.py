@@ -6,6 +6,7 @@ import os
 import signal
 from collections import Counter
 
+from outbox_app.publishers.celery import CeleryPublisher
 from outbox_app.publishers.kombu import KombuPublisher
 from outbox_app.publishers.nats import JetStreamPublisher
 
@@ -43,3 +44,7 @@ class KillingPublisher(Killing, KombuPublisher):
 
 class KillingJetStreamPublisher(Killing, JetStreamPublisher):
     """A JetStreamPublisher killed at ``OUTBOX_TEST_KILL_AT``."""
+
+
+class KillingCeleryPublisher(Killing, CeleryPublisher):
+    pass

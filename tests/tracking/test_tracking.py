@@ -10,7 +10,7 @@ import pytest
 from django.core.files.base import ContentFile
 from django.db import connection, models, transaction
 from django.test import RequestFactory
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.utils import timezone
 
 from outbox_app import OutboxEvent, UntrackedWrite, acting, untracked
@@ -301,3 +301,163 @@ def test_a_malformed_operation_is_refused_before_the_insert(operation):
     with pytest.raises(InvalidEvent, match="operation"), transaction.atomic():
         publish({"event_type": "Noted", "payload": {}}, operation=operation)
     assert events() == []
+
+
+def test_the_aggregate_type_and_event_names_are_the_subscribers(settings):
+    from django.core.management import call_command
+
+    from outbox_app.relay import relay_once
+    from outbox_app.relay.registry import close_publishers
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget.price = 6
+    gadget.save()
+    gadget.removed_at = timezone.now()
+    gadget.save()
+    Gadget.objects.create(name="Fan").delete()
+    published = [(e.event_type, e.aggregate_type, e.operation) for e in events()]
+    assert published == [
+        ("GadgetCreated", "Gadget", "create"),
+        ("GadgetUpdated", "Gadget", "update"),
+        ("GadgetDeleted", "Gadget", "soft_delete"),
+        ("GadgetCreated", "Gadget", "create"),
+        ("GadgetForceDeleted", "Gadget", "delete"),
+    ]
+    settings.OUTBOX_PUBLISHERS = {
+        "bus": {
+            "URL": "memory://",
+            "EXCHANGE": "gadgets",
+            "ROUTING_KEY": "{dimension}.{operation}",
+        }
+    }
+    call_command("check")
+    from kombu import Connection, Exchange, Queue
+
+    with Connection("memory://") as conn:
+        queue = Queue("gadgets-q", Exchange("gadgets", "topic"), routing_key="#")
+        queue(conn.default_channel).declare()
+        try:
+            assert relay_once(kind="publisher").succeeded == 5
+            keys = [
+                queue(conn.default_channel)
+                .get(no_ack=True)
+                .delivery_info["routing_key"]
+                for _ in range(5)
+            ]
+        finally:
+            close_publishers()
+    assert sorted(keys) == sorted(
+        [
+            "gadget.create",
+            "gadget.update",
+            "gadget.soft_delete",
+            "gadget.create",
+            "gadget.delete",
+        ]
+    )
+
+
+@isolate_apps("tests.testapp")
+def test_an_unknown_name_key_is_refused_by_a_check():
+    from outbox_app import track
+    from outbox_app.ops.checks import check_tracked_models
+    from outbox_app.publishing import tracking
+
+    class Probe(models.Model):
+        class Meta:
+            app_label = "testapp"
+
+    try:
+        track(names={"softdelete": "Gone"})(Probe)
+        [error] = check_tracked_models()
+        assert error.id == "outbox.E026" and "['softdelete']" in error.msg
+    finally:
+        del tracking._tracked[Probe]
+        from django.db.models.signals import post_delete
+
+        post_delete.disconnect(tracking._deleted, sender=Probe)
+    assert check_tracked_models() == []
+
+
+@isolate_apps("tests.testapp")
+def test_a_malformed_aggregate_type_is_refused_at_import():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from outbox_app import track
+
+    class Probe(models.Model):
+        class Meta:
+            app_label = "testapp"
+
+    with pytest.raises(ImproperlyConfigured, match="aggregate_type"):
+        track(aggregate_type="")(Probe)
+
+
+# --- never invent a change, never miss one ------------------------------------------
+
+
+def gadget_events() -> list[tuple[str, dict]]:
+    found = [(e.event_type, e.payload) for e in events()]
+    OutboxEvent.objects.all().delete()
+    return found
+
+
+def test_values_are_compared_and_published_as_the_database_stores_them():
+    import datetime
+
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5, launched="2024-05-01")
+    [(_, created)] = gadget_events()
+    stored = Gadget.objects.get()
+    assert created["values"]["price"] == str(stored.price) == "5.00"
+    assert created["values"]["launched"] == "2024-05-01"
+    # Text that the database stores as it holds already, and a save that only
+    # moves the auto_now field, are no change.
+    gadget.price, gadget.launched = "5.00", "2024-05-01"
+    gadget.save()
+    gadget.launched = datetime.date(2024, 5, 1)
+    gadget.save()
+    assert gadget_events() == []
+    # A Decimal the database rounds is published as it rounded it.
+    gadget.price = decimal.Decimal("7.123")
+    gadget.save()
+    [(event_type, updated)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert updated["changed"]["price"] == str(Gadget.objects.get().price)
+    # The auto_now field moved with it: part of the change, never one alone.
+    assert set(updated["changed"]) == {"price", "touched"}
+    assert updated["previous"]["price"] == "5.00"
+    gadget.price = decimal.Decimal("7.12")
+    gadget.save()
+    assert gadget_events() == []
+
+
+def test_a_new_instance_with_a_stored_primary_key_publishes_an_update():
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget_events()
+    Gadget(pk=gadget.pk, name="Lamp", price=6).save()
+    [(event_type, payload)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert payload["changed"]["price"] == "6.00"
+    assert payload["previous"]["price"] == "5.00"
+    Gadget(pk=gadget.pk + 100, name="New", price=1).save()  # not stored: created
+    assert [t for t, _ in gadget_events()] == ["GadgetCreated"]
+
+
+def test_an_f_expression_in_save_publishes_the_value_it_wrote():
+    from django.db.models import F
+
+    from tests.testapp.models import Gadget
+
+    gadget = Gadget.objects.create(name="Lamp", price=5)
+    gadget_events()
+    gadget.price = F("price") + 1
+    gadget.save()
+    [(event_type, payload)] = gadget_events()
+    assert event_type == "GadgetUpdated"
+    assert payload["changed"]["price"] == "6.00"
+    assert payload["previous"]["price"] == "5.00"

@@ -57,8 +57,18 @@ def test_every_attribute():
         "actionid": "0190b6f0-6d2b-7aa0-9b1e-5d2c4e6f8a01",
         "correlationid": "req-7f3a",
         "causationid": "12",
+        "actor": "u",
     }
     assert CONTENT_TYPE == "application/cloudevents+json"
+
+
+def test_who_acted_and_the_metadata_are_text_attributes():
+    headers = {"actor": 7, "metadata": {"path": "/orders/", "ip": "10.0.0.5"}}
+    event = to_cloudevent(make(headers=headers))
+    assert event["actor"] == "7"
+    assert json.loads(event["metadata"]) == headers["metadata"]
+    assert to_cloudevent(make(headers={"actor": {"id": 7}}))["actor"] == '{"id":7}'
+    assert "metadata" not in to_cloudevent(make(headers={"metadata": {}}))
 
 
 def test_a_scheduled_event_carries_its_schedule():

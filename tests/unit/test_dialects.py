@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 from django.db import connection
 
 from outbox_app.exceptions import UnsupportedDatabase
@@ -39,3 +40,31 @@ def test_only_the_seam_asks_which_database_it_is_on():
         if asked.search(line)
     ]
     assert found == []
+
+
+def test_fan_out_inserts_every_delivery_column_with_the_models_defaults():
+    delivery = apps.get_model("outbox_app", "Delivery")
+    for claiming in (False, True):
+        columns, values = sql.base.Dialect._delivery_row(claiming)
+        names = columns.split(", ")
+        assert sorted(names) == sorted(
+            f.column for f in delivery._meta.concrete_fields if not f.primary_key
+        )
+        assert names[-5:] == [
+            "last_error",
+            "last_error_type",
+            "last_traceback",
+            "first_failed_at",
+            "completed_at",
+        ]  # the columns the model's defaults fill, last
+        assert values.endswith("'', '', '', NULL, NULL")
+        assert values.startswith("b.id, ") and names[0] == "event_id"
+        # The parameters, in the order Gateway.fan_out passes them.
+        assert values.count("%s") == (7 if claiming else 3)
+
+
+def test_a_default_sql_cannot_spell_is_refused():
+    assert sql.base._literal("it's") == "'it''s'"
+    assert sql.base._literal(0) == "0" and sql.base._literal(None) == "NULL"
+    with pytest.raises(TypeError, match="float"):
+        sql.base._literal(1.5)

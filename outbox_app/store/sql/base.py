@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import connections, models
 from django.utils import timezone
@@ -66,14 +67,6 @@ COPIED_COLUMNS = [
     "payload_bytes",
 ]
 
-#: The delivery columns fan-out inserts, in the order of its values.
-DELIVERY_COLUMNS = (
-    "event_id, subscriber, event_type, aggregate_type, aggregate_id, "
-    "aggregate_version, tenant_id, deliver_at, position, payload_bytes, "
-    "state, attempts, next_retry_at, locked_until, locked_by, lease_token, "
-    "last_error, last_error_type, last_traceback, created_at, updated_at"
-)
-
 #: A subscription (``s``) of an event of the batch (``b``): its type, or every type.
 SUBSCRIBED = f"s.event_type = '{WILDCARD}' OR s.event_type = b.event_type"
 
@@ -86,6 +79,18 @@ CLAIM_ASSIGN = (
 
 #: What :meth:`Dialect.violated_constraint` returns for a primary key.
 PRIMARY_KEY = "primary key"
+
+
+def _literal(value: Any) -> str:
+    """``value`` (a model field's default: text, a whole number or None) as
+    an SQL literal. Raises TypeError for any other type."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int):  # bool included
+        return str(int(value))
+    raise TypeError(f"no SQL literal for a default of type {type(value).__name__}")
 
 
 def _states(states: Sequence[str]) -> str:
@@ -362,28 +367,46 @@ class Dialect:
         )
 
     @staticmethod
-    def _delivery_values(claiming: bool) -> str:
-        """The values of :data:`DELIVERY_COLUMNS` for an event of the batch
-        (``b``) and a subscription (``s``)."""
-        copied = (
-            "b.id, s.name, b.event_type, b.aggregate_type, b.aggregate_id, "
-            "b.aggregate_version, b.tenant_id, b.deliver_at, b.position, "
-            "b.payload_bytes"
-        )
+    def _delivery_row(claiming: bool) -> tuple[str, str]:
+        """The columns fan-out inserts and their values, as SQL, for an event
+        of the batch (``b``) and a subscription (``s``): ``(columns, values)``.
+
+        The event's :data:`COPIED_COLUMNS`, the subscriber, the state and lease
+        columns a claim sets (when ``claiming``: on the rows of the claiming
+        relay's own subscriber, parameters the lease's time, holder and
+        token), the due time and ``created_at``/``updated_at`` (parameters),
+        and every other column at its model field's default: the model is
+        the one home of a new delivery's defaults, here as in
+        ``DeliveryQuerySet.create_for``.
+        """
         # A scheduled event's rows are due at its deliver_at (publish() stores
         # only times still ahead), so the claim's index orders them by it; they
         # are never claimed here, as they are created.
         due = "COALESCE(b.deliver_at, %s)"
+        row = {
+            ("event_id" if name == "id" else name): f"b.{name}"
+            for name in COPIED_COLUMNS
+        }
+        row["subscriber"] = "s.name"
         if claiming:
             mine = "CASE WHEN s.claimed = 1 AND b.deliver_at IS NULL THEN"
-            return (
-                f"{copied}, {mine} '{State.RUNNING}' ELSE '{State.PENDING}' END, "
-                f"{mine} 1 ELSE 0 END, {mine} %s ELSE {due} END, {mine} %s END, "
-                f"{mine} %s ELSE '' END, {mine} %s END, '', '', '', %s, %s"
+            row.update(
+                state=f"{mine} '{State.RUNNING}' ELSE '{State.PENDING}' END",
+                attempts=f"{mine} 1 ELSE 0 END",
+                next_retry_at=f"{mine} %s ELSE {due} END",
+                locked_until=f"{mine} %s END",
+                locked_by=f"{mine} %s ELSE '' END",
+                lease_token=f"{mine} %s END",
             )
-        return (
-            f"{copied}, '{State.PENDING}', 0, {due}, NULL, '', NULL, '', '', '', %s, %s"
-        )
+        else:
+            row["next_retry_at"] = due
+        row.update(created_at="%s", updated_at="%s")
+        delivery = apps.get_model("outbox_app", "Delivery")
+        for field in delivery._meta.concrete_fields:
+            if not field.primary_key and field.attname not in row:
+                row[field.attname] = _literal(field.get_default())
+        columns = ", ".join(delivery._meta.get_field(name).column for name in row)
+        return columns, ", ".join(row.values())
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
@@ -405,13 +428,13 @@ class Dialect:
             where, COPIED_COLUMNS, claiming, "" if lock_later else lock
         )
         pairs = self._subscriptions(claiming)
-        values = self._delivery_values(claiming)
+        columns, values = self._delivery_row(claiming)
         ignore_prefix, ignore_suffix = self.insert_ignore
 
         @functools.cache
         def insert(count: int) -> str:
             return (
-                f"{ignore_prefix} {n} ({DELIVERY_COLUMNS}) SELECT {values} FROM {e} b "
+                f"{ignore_prefix} {n} ({columns}) SELECT {values} FROM {e} b "
                 f"JOIN ({pairs}) s ON {SUBSCRIBED} WHERE {self.in_list('b.id', count)} "
                 f"ORDER BY b.id{ignore_suffix}"
             )

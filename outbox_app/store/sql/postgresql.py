@@ -13,7 +13,6 @@ from ..lifecycle import State
 from .base import (
     CLAIM_ASSIGN,
     COPIED_COLUMNS,
-    DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     PRIMARY_KEY,
     SUBSCRIBED,
@@ -109,11 +108,11 @@ class PostgreSQLDialect(Dialect):
         columns = [*EVENT_COLUMNS, "position"] if claiming else COPIED_COLUMNS
         select = self._batch(where, columns, claiming, " FOR UPDATE SKIP LOCKED")
         pairs = self._subscriptions(claiming)
-        values = self._delivery_values(claiming)
+        inserted, values = self._delivery_row(claiming)
         # The events flipped are those the insert found a subscription for: s
         # is read once, by the same snapshot as the insert.
         created = (
-            f"created AS (INSERT INTO {n} ({DELIVERY_COLUMNS}) SELECT {values} "
+            f"created AS (INSERT INTO {n} ({inserted}) SELECT {values} "
             f"FROM b JOIN s ON {SUBSCRIBED} ORDER BY b.id ON CONFLICT DO NOTHING"
             + (
                 " RETURNING id, attempts, subscriber, event_id, state)"
