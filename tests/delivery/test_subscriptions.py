@@ -21,6 +21,7 @@ from outbox_app.models import Subscription
 from outbox_app.ops import status
 from outbox_app.ops import subscriptions as operations
 from outbox_app.relay import fan_out, relay_once
+from outbox_app.relay.loop import HELD_REFRESH_SECONDS
 from outbox_app.relay.registry import get
 from outbox_app.store.lifecycle import State
 from outbox_app.subscribers import Handler
@@ -460,6 +461,9 @@ def test_a_running_relay_honours_a_pause_without_a_restart():
             "the relay to record its subscriptions",
         )
         operations.pause(Subscription.objects.filter(subscriber="record_a"), by="test")
+        # A relay turn under way may have read the pauses just before: it
+        # reads them again within HELD_REFRESH_SECONDS.
+        time.sleep(2 * HELD_REFRESH_SECONDS)
         place(10)
         wait_for(
             lambda: SideEffect.objects.filter(handler="record_b").count() == 10,
