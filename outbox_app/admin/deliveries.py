@@ -9,8 +9,16 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
-from django.core.exceptions import PermissionDenied
-from django.db.models import Q
+from django.contrib.admin.views.main import (
+    ALL_VAR,
+    ERROR_FLAG,
+    IS_FACETS_VAR,
+    ORDER_VAR,
+    PAGE_VAR,
+    SEARCH_VAR,
+)
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.db.models import Exists, OuterRef, Q
 from django.http import (
     Http404,
     HttpResponseNotAllowed,
@@ -30,7 +38,7 @@ from ..relay.outcomes import LAPSED_ERROR_TYPE
 from ..store import lifecycle
 from ..store.clock import database_now
 from ..store.lifecycle import State
-from ..store.models import Delivery, Notification
+from ..store.models import Delivery, Notification, SubscriberPause, Subscription
 from ..templatetags.outbox_admin import duration
 from .base import (
     LOG_EACH_MAX,
@@ -133,6 +141,55 @@ class ScheduledFilter(admin.SimpleListFilter):
         return queryset
 
 
+def next_try(obj: Delivery):
+    """When it is due (PENDING, FAILED) or its lease runs out (RUNNING), from
+    now; nothing for a finished row, whose ``next_retry_at`` means nothing;
+    "paused" when its subscriber is (by an outage of its destination, or
+    by an operator): no relay claims it, whatever its time. The exact time
+    is the title."""
+    if obj.state not in (State.PENDING, State.FAILED, State.RUNNING):
+        return "-"
+    seconds = (obj.next_retry_at - database_now(obj._state.db)).total_seconds()
+    if obj.state == State.RUNNING:
+        text = _("lease %(left)s") % {"left": duration(max(seconds, 0))}
+    elif getattr(obj, "outage", False):
+        return format_html(
+            '<strong class="outbox-paused" style="color: #b35c00" title="{}">'
+            "{}</strong>",
+            _(
+                "A relay paused this publisher: its destination is "
+                "unavailable. The delivery waits, with no attempt counted, "
+                "and is sent once a probe succeeds."
+            ),
+            _("paused: outage"),
+        )
+    elif getattr(obj, "held", False):
+        return format_html(
+            '<strong class="outbox-paused" style="color: #b35c00" title="{}">'
+            "{}</strong>",
+            _(
+                "An operator paused this subscriber (Subscriptions): no "
+                "relay claims its deliveries until it is resumed."
+            ),
+            _("paused by an operator"),
+        )
+    elif obj.deliver_at is not None and obj.deliver_at == obj.next_retry_at:
+        text = (
+            _("scheduled, in %(left)s") % {"left": duration(seconds)}
+            if seconds > 0
+            else _("due (scheduled)")
+        )
+    elif seconds > 0:
+        text = _("in %(left)s") % {"left": duration(seconds)}
+    else:
+        text = _("due")
+    return format_html(
+        '<span title="{}" style="white-space: nowrap">{}</span>',
+        date_format(localtime(obj.next_retry_at), "DATETIME_FORMAT"),
+        text,
+    )
+
+
 @admin.register(Delivery)
 class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
     list_display = [
@@ -144,6 +201,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         "short_error",
     ]
     list_display_links = ["id"]
+    change_form_template = "admin/outbox_app/transitions_change_form.html"
     list_filter = [
         "state",
         "subscriber",
@@ -212,6 +270,26 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         ),
     ]
 
+    def get_queryset(self, request):
+        """Each row says whether its subscriber is paused: by an outage of
+        its destination (``outage``), or by an operator (``held``)."""
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                outage=Exists(
+                    SubscriberPause.objects.paused(database_now()).filter(
+                        subscriber=OuterRef("subscriber")
+                    )
+                ),
+                held=Exists(
+                    Subscription.objects.filter(
+                        subscriber=OuterRef("subscriber"), paused_at__isnull=False
+                    )
+                ),
+            )
+        )
+
     # --- columns and detail fields ---
 
     @admin.display(description=gettext_lazy("event"), ordering="event_id")
@@ -243,29 +321,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("next try"), ordering="next_retry_at")
     def next_retry(self, obj: Delivery):
-        """When it is due (PENDING, FAILED) or its lease runs out (RUNNING), from
-        now; nothing for a finished row, whose ``next_retry_at`` means nothing.
-        The exact time is the title."""
-        if obj.state not in (State.PENDING, State.FAILED, State.RUNNING):
-            return "-"
-        seconds = (obj.next_retry_at - database_now(obj._state.db)).total_seconds()
-        if obj.state == State.RUNNING:
-            text = _("lease %(left)s") % {"left": duration(max(seconds, 0))}
-        elif obj.deliver_at is not None and obj.deliver_at == obj.next_retry_at:
-            text = (
-                _("scheduled, in %(left)s") % {"left": duration(seconds)}
-                if seconds > 0
-                else _("due (scheduled)")
-            )
-        elif seconds > 0:
-            text = _("in %(left)s") % {"left": duration(seconds)}
-        else:
-            text = _("due")
-        return format_html(
-            '<span title="{}" style="white-space: nowrap">{}</span>',
-            date_format(localtime(obj.next_retry_at), "DATETIME_FORMAT"),
-            text,
-        )
+        return next_try(obj)
 
     @admin.display(description=gettext_lazy("last error"))
     def short_error(self, obj: Delivery):
@@ -466,12 +522,48 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
             "title": _("Requeue everything matching the filter"),
             "opts": self.opts,
             "requeueable": matching.apply("requeue", dry_run=True),
-            "filters": [(k, v) for k, values in request.GET.lists() for v in values],
+            "filters": _described(changelist, request),
             "changelist_back": back,
         }
         return TemplateResponse(
             request, "admin/outbox_app/delivery/requeue_matching.html", context
         )
+
+
+#: Query parameters of a changelist that select nothing: ordering, search
+#: (said apart), page, and the admin's own flags.
+_NOT_FILTERS = {ORDER_VAR, SEARCH_VAR, PAGE_VAR, ERROR_FLAG, ALL_VAR, IS_FACETS_VAR}
+
+
+def _described(changelist, request) -> list[tuple[str, str]]:
+    """The changelist's filters and search in words: each sidebar filter by
+    its title and chosen value, a lookup of the address that no sidebar
+    filter takes (``subscriber__exact=...``, as the overview links) by its
+    field's name: ``[("state", "dead"), ("subscriber", "shop.mailer"),
+    ("search", "42")]``."""
+    said = []
+    taken = set(_NOT_FILTERS)
+    for spec in changelist.filter_specs:
+        taken.update(spec.expected_parameters())
+        if not spec.used_parameters:
+            continue
+        chosen = [str(c["display"]) for c in spec.choices(changelist) if c["selected"]]
+        said.append((str(spec.title), ", ".join(chosen)))
+    opts = changelist.model._meta
+    for key, values in request.GET.lists():
+        if key in taken:
+            continue
+        name, _sep, lookup = key.partition("__")
+        try:
+            title = str(opts.get_field(name).verbose_name)
+        except FieldDoesNotExist:
+            title = name
+        if lookup and lookup != "exact":
+            title = f"{title} ({lookup.replace('__', ' ')})"
+        said.append((title, ", ".join(values)))
+    if changelist.query:
+        said.append((_("search"), changelist.query))
+    return said
 
 
 def _to_overview(request):

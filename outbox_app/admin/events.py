@@ -11,7 +11,9 @@ from django.db.models import Count, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
@@ -29,6 +31,7 @@ from .base import (
     pretty_json,
     short_uuid,
 )
+from .deliveries import next_try
 
 
 class DeliveryInline(ReadOnly, admin.TabularInline):
@@ -39,7 +42,7 @@ class DeliveryInline(ReadOnly, admin.TabularInline):
         "subscriber",
         "state",
         "attempts",
-        "next_retry_at",
+        "next_retry",
         "last_error_type",
         "short_error",
         "completed_at",
@@ -53,6 +56,11 @@ class DeliveryInline(ReadOnly, admin.TabularInline):
     @admin.display(description=gettext_lazy("last error"))
     def short_error(self, obj: Delivery) -> str:
         return Truncator(obj.last_error).chars(120)
+
+    @admin.display(description=gettext_lazy("next try"))
+    def next_retry(self, obj: Delivery):
+        """Nothing for a finished row (its ``next_retry_at`` is stale)."""
+        return next_try(obj)
 
 
 def _deliveries(state: State):
@@ -97,6 +105,21 @@ class ReplayForm(forms.Form):
     def __init__(self, *args, choices, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["subscriber"].choices = choices
+
+
+def _deliveries_header() -> str:
+    """The deliveries column's header and its legend, on two lines: a header
+    does not wrap, and the legend on one line pushed the list past 1400 px."""
+    return format_html(
+        '{}<br><small class="outbox-legend" style="white-space: normal" '
+        'title="{}">{}</small>',
+        _("deliveries"),
+        _("Deliveries of the event: succeeded / failed / dead"),
+        _("succeeded / failed / dead"),
+    )
+
+
+DELIVERIES_HEADER = lazy(_deliveries_header, SafeString)()
 
 
 @admin.register(OutboxEvent)
@@ -199,10 +222,11 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         version = "" if obj.aggregate_version is None else f" v{obj.aggregate_version}"
         return f"{obj.aggregate_type}:{obj.aggregate_id}{version}"
 
-    @admin.display(description=gettext_lazy("deliveries"))
+    @admin.display(description=DELIVERIES_HEADER)
     def delivery_summary(self, obj: OutboxEvent):
         """succeeded / failed / dead, each in its state's colour when not
-        zero (the cell's title says which is which)."""
+        zero; the header is the legend, and the cell's title says it again
+        with the numbers."""
         counts = [
             (State.SUCCEEDED, obj.n_succeeded),
             (State.FAILED, obj.n_failed),
@@ -215,7 +239,12 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
         )
         return format_html(
             '<span title="{}" style="white-space: nowrap">{}</span>',
-            _("succeeded / failed / dead"),
+            _("%(succeeded)d succeeded, %(failed)d failed, %(dead)d dead")
+            % {
+                "succeeded": obj.n_succeeded,
+                "failed": obj.n_failed,
+                "dead": obj.n_dead,
+            },
             parts,
         )
 

@@ -10,9 +10,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.http import (
-    JsonResponse,
-)
+from django.http import HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
@@ -25,11 +23,22 @@ from ..store.models import Delivery, OutboxOverview
 from ..templatetags.outbox_admin import chart_hours
 from .base import ReadOnly
 
+#: Seconds between two refreshes of the overview's live part (its counts,
+#: lag, warnings and tables) in the browser.
+REFRESH_SECONDS = 5
+
 
 def _display_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A subscriber's counts, each with the deliveries list's filter for it."""
     return {
         **row,
-        "state_counts": [row["states"][state] for state in State.values],
+        "state_cells": [
+            (
+                row["states"][state],
+                urlencode({"subscriber__exact": row["name"], "state__exact": state}),
+            )
+            for state in State.values
+        ],
         "filter_query": urlencode(
             {"subscriber__exact": row["name"], "state__exact": State.DEAD}
         ),
@@ -78,12 +87,32 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
                 wrap(self.overview_json_view),
                 name="outbox_app_overview_json",
             ),
+            path("live/", wrap(self.live_view), name="outbox_app_overview_live"),
             *super().get_urls(),
         ]
 
+    def _context(self, data: dict[str, Any] | None) -> dict[str, Any]:
+        """What the page and its live part show of ``data``
+        (:func:`~outbox_app.ops.status.overview`'s)."""
+        name = self.admin_site.name
+        return {
+            "data": data,
+            "rows": [_display_row(row) for row in data["subscribers"]] if data else [],
+            # One column per state, headers and cells from the same list.
+            "state_labels": State.labels,
+            "inbox_rows": [_inbox_row(row) for row in data["inbox"]] if data else [],
+            "inbox_labels": InboxState.labels,
+            "inbox_url": reverse(f"{name}:outbox_app_inboxmessage_changelist"),
+            "changelist_url": reverse(f"{name}:outbox_app_delivery_changelist"),
+            "events_url": reverse(f"{name}:outbox_app_outboxevent_changelist"),
+            "refresh_seconds": REFRESH_SECONDS,
+        }
+
     def overview_view(self, request):
         """The outbox overview: per subscriber counts, lag, dead and blocked
-        rows, and a chart of deliveries per minute over 24 hours."""
+        rows, and a chart of deliveries per minute over 24 hours; its live
+        part is fetched again every :data:`REFRESH_SECONDS` by
+        ``outbox_app/overview.js``."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         try:
@@ -91,29 +120,33 @@ class OverviewAdmin(ReadOnly, admin.ModelAdmin):
         except (OutboxError, ImproperlyConfigured) as exc:
             self.message_user(request, mask_url(str(exc)), messages.ERROR)
             data = None
-        hours = data and chart_hours(
-            data["deliveries"]["per_minute"], request.GET.get("hours")
+        context = self._context(data)
+        context.update(
+            self.admin_site.each_context(request),
+            title=_("Outbox overview"),
+            opts=self.opts,
+            hours=data
+            and chart_hours(data["deliveries"]["per_minute"], request.GET.get("hours")),
+            json_url=reverse(f"{self.admin_site.name}:outbox_app_overview_json"),
+            live_url=reverse(f"{self.admin_site.name}:outbox_app_overview_live"),
         )
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("Outbox overview"),
-            "opts": self.opts,
-            "data": data,
-            "rows": [_display_row(row) for row in data["subscribers"]] if data else [],
-            # One column per state, headers and cells from the same list.
-            "state_labels": State.labels,
-            "inbox_rows": [_inbox_row(row) for row in data["inbox"]] if data else [],
-            "inbox_labels": InboxState.labels,
-            "inbox_url": reverse(
-                f"{self.admin_site.name}:outbox_app_inboxmessage_changelist"
-            ),
-            "hours": hours,
-            "json_url": reverse(f"{self.admin_site.name}:outbox_app_overview_json"),
-            "changelist_url": reverse(
-                f"{self.admin_site.name}:outbox_app_delivery_changelist"
-            ),
-        }
         return TemplateResponse(request, "admin/outbox_app/overview.html", context)
+
+    def live_view(self, request):
+        """The overview's live part alone (counts, lag, warnings, the
+        subscribers' and the inbox's tables), HTML for the page to put in
+        place; without the 24 hours' chart, which is not read again."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            data = status.overview(deliveries=False)
+        except (OutboxError, ImproperlyConfigured) as exc:
+            # The page keeps what it shows and says the refresh failed.
+            text = mask_url(str(exc))
+            return HttpResponse(text, status=503, content_type="text/plain")
+        return TemplateResponse(
+            request, "admin/outbox_app/overview_live.html", self._context(data)
+        )
 
     def overview_json_view(self, request):
         """The overview's numbers as JSON (:func:`outbox_app.ops.status.overview`)."""

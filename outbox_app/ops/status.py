@@ -64,6 +64,10 @@ def overview(
                  "paused_seconds": 42.0, "next_probe": "...", "probes": 3,
                  "reason": "cannot connect to amqp://...", "worker": "host:7"},
               ],
+              "paused_by_operator": [         # outbox_subscribers --pause
+                {"subscriber": "audit", "since": "...",
+                 "paused_seconds": 600.0, "by": "admin: alice"},
+              ],
               "unserved": [                   # subscriptions no running relay has
                 {"subscriber": "audit", "event_type": "OrderPlaced",
                  "kind": "handler", "last_seen": "...",
@@ -87,7 +91,12 @@ def overview(
                  "stored_names": ["shop.handlers.email"],
                  "states": {...}, "total": 96, "dead": 2,
                  "oldest_pending_seconds": 12.5, "blocked_aggregates": None,
-                 "scheduled": 5, "next_scheduled": "..."},
+                 "scheduled": 5, "next_scheduled": "...",
+                 "paused": None},             # or {"cause": "outage" |
+                                              # "operator", "since",
+                                              # "paused_seconds", "by",
+                                              # "reason"}: its deliveries
+                                              # wait, no attempt counted
                 ...
               ],
               "deliveries": {"start": "...", "end": "...", "minutes": 1440,
@@ -177,6 +186,34 @@ def overview(
             )
         )
 
+    outages = paused(using=using, now=now)
+    held = paused_by_operator(using=using, now=now)
+    pauses = {
+        **{
+            p["subscriber"]: {
+                "cause": "operator",
+                "since": p["since"],
+                "paused_seconds": p["paused_seconds"],
+                "by": p["by"],
+                "reason": "",
+            }
+            for p in held
+        },
+        # An outage is what the operator cannot undo: shown first.
+        **{
+            p["subscriber"]: {
+                "cause": "outage",
+                "since": p["since"],
+                "paused_seconds": p["paused_seconds"],
+                "by": p["worker"],
+                "reason": p["reason"],
+            }
+            for p in outages
+        },
+    }
+    for row in rows:
+        row["paused"] = pauses.get(row["name"])
+
     states = {state.value: 0 for state in State}
     for counts in by_name.values():
         for state, n in counts.items():
@@ -190,7 +227,8 @@ def overview(
 
     return {
         "generated_at": now.isoformat(),
-        "paused": paused(using=using, now=now),
+        "paused": outages,
+        "paused_by_operator": held,
         "unserved": unserved(using=using, now=now),
         "lag_seconds": max(lags) if lags else None,
         "states": states,
@@ -260,6 +298,36 @@ def paused(
         for pause in SubscriberPause.objects.using(using)
         .paused(now)
         .order_by("paused_at")
+    ]
+
+
+def paused_by_operator(
+    *, using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Subscribers an operator paused (``Subscription.paused_at``): no relay
+    claims their deliveries until they are resumed. Longest paused first.
+
+    Returns:
+        ``[{"subscriber", "since", "paused_seconds", "by"}, ...]``; empty
+        when none is paused.
+    """
+    now = now or database_now(using)
+    first: dict[str, tuple[datetime.datetime, str]] = {}
+    for name, since, by in (
+        Subscription.objects.using(using)
+        .filter(paused_at__isnull=False)
+        .order_by("paused_at")
+        .values_list("subscriber", "paused_at", "paused_by")
+    ):
+        first.setdefault(name, (since, by))
+    return [
+        {
+            "subscriber": name,
+            "since": since.isoformat(),
+            "paused_seconds": _age(since, now),
+            "by": by,
+        }
+        for name, (since, by) in first.items()
     ]
 
 

@@ -1,7 +1,8 @@
 """Operators' operations on a subscriber: the deliveries ``outbox_requeue``
-selects by subscriber name, replaying events to one subscriber, retiring and
-reactivating subscriptions. The transitions of single rows (requeue, retry
-now, dead-letter, skip) are ``DeliveryQuerySet.apply`` (``store/querysets.py``).
+selects by subscriber name, replaying events to one subscriber, pausing and
+resuming a subscriber, retiring and reactivating subscriptions. The
+transitions of single rows (requeue, retry now, dead-letter, skip) are
+``DeliveryQuerySet.apply`` (``store/querysets.py``).
 
 Every function takes querysets and works in bounded batches, so it behaves the
 same on ten rows and on a million, and never loads the rows themselves.
@@ -208,6 +209,30 @@ def reactivate(subscriptions: QuerySet) -> int:
     return subscriptions.reactivate()
 
 
+def pause(subscriptions: QuerySet, *, by: str) -> int:
+    """Pause the subscribers of ``subscriptions`` (a Subscription queryset):
+    every relay stops claiming their deliveries at its next turn (within
+    about a second while it drains a backlog), without a restart. Fan-out
+    still creates their deliveries, which wait, PENDING or FAILED, with no
+    attempt counted; a batch a relay holds already is finished.
+
+    Args:
+        subscriptions: a pause applies to the whole subscriber: every event
+            type it subscribes to.
+        by: who paused them, stored as ``paused_by`` (``"admin: alice"``).
+
+    Returns:
+        Subscribers paused (those paused already are left as they were).
+    """
+    return subscriptions.pause(by)
+
+
+def resume(subscriptions: QuerySet) -> int:
+    """Undo :func:`pause`: relays claim the subscribers' deliveries again at
+    their next turn. Returns subscribers resumed."""
+    return subscriptions.resume()
+
+
 def subscriber_choices() -> list[tuple[str, str]]:
     """``(name, label)`` of every handler and publisher, for a form's choices."""
     return [
@@ -221,8 +246,10 @@ __all__ = [
     "WAITING",
     "ReplayResult",
     "deliveries_matching",
+    "pause",
     "reactivate",
     "replay_to",
+    "resume",
     "retire",
     "subscriber_choices",
 ]

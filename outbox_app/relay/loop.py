@@ -12,6 +12,7 @@ are collected (:mod:`outbox_app.relay.sending`).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -23,6 +24,7 @@ from ..events.ids import worker_name
 from ..execution.metrics import relay_metrics
 from ..publishers.base import Publisher
 from ..store.clock import database_now
+from ..store.models import Subscription
 from ..subscribers import Handler, Kind, Subscriber
 from . import registry
 from .batch import Batch, ClaimAhead, Fold
@@ -31,8 +33,47 @@ from .handlers import run_handlers
 from .outcomes import Outcomes, RelayReport
 from .sending import PublisherRunner, pauses
 
+logger = logging.getLogger("outbox_app.relay")
+
 #: database alias -> the subscriber the next deliver() call starts with.
 _next_first: dict[str, str] = {}
+
+#: How often a deliver() call reads again which subscribers an operator
+#: paused (``Subscription.paused_at``), while it drains a backlog.
+HELD_REFRESH_SECONDS = 1.0
+#: database alias -> the subscribers this process last found paused (logged
+#: once when a pause begins and once when it ends).
+_held_seen: dict[str, set[str]] = {}
+
+
+class Held:
+    """The subscribers an operator paused (``outbox_subscribers --pause``, the
+    admin's action), read at most once every :data:`HELD_REFRESH_SECONDS`:
+    the relay claims nothing for them, without a restart."""
+
+    def __init__(self, using: str):
+        self.using = using
+        self.names: set[str] = set()
+        self.read_at: float | None = None
+
+    def __contains__(self, name: str) -> bool:
+        clock = time.monotonic()
+        if self.read_at is None or clock - self.read_at >= HELD_REFRESH_SECONDS:
+            self.read_at = clock
+            self.names = Subscription.objects.using(self.using).paused_names()
+            before = _held_seen.get(self.using, set())
+            for paused in sorted(self.names - before):
+                logger.warning(
+                    "subscriber %s is paused by an operator: its deliveries "
+                    "wait until it is resumed (manage.py outbox_subscribers "
+                    "--resume %s)",
+                    paused,
+                    paused,
+                )
+            for resumed in sorted(before - self.names):
+                logger.info("subscriber %s is resumed by an operator", resumed)
+            _held_seen[self.using] = self.names
+        return name in self.names
 
 
 def relay_once(
@@ -99,7 +140,10 @@ def deliver(
     followed by one that starts with the next subscriber, so one subscriber's
     backlog does not hold up the others even when its batches outlast
     ``max_seconds``. A publisher paused by an outage is
-    skipped until its probe succeeds (and no batch is claimed ahead for it).
+    skipped until its probe succeeds (and no batch is claimed ahead for it);
+    a subscriber an operator paused is skipped until it is resumed
+    (:class:`Held`: one query when the call starts, then at most one a
+    second).
     With ``fold``, an unordered subscriber's batch that is not
     full is topped up from events not fanned out yet: fan-out and claim are
     one step (:meth:`Batch.claim <outbox_app.relay.batch.Batch.claim>`),
@@ -144,6 +188,7 @@ def deliver(
     stop = stop or threading.Event()
     report = RelayReport()
     ahead = ClaimAhead(using)
+    held = Held(using)
     runners = {
         s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
     }
@@ -165,6 +210,8 @@ def deliver(
             for position, subscriber in enumerate(active):
                 if stop.is_set():
                     return report
+                if subscriber.name in held:
+                    continue
                 runner = runners.get(subscriber)
                 if runner is not None and not pauses.ready(
                     subscriber, now or database_now(using), using, rng
@@ -199,6 +246,7 @@ def deliver(
                             deadline is None or time.monotonic() + delivering < deadline
                         )
                         and not pauses.paused(following[0].name)
+                        and following[0].name not in held
                     ):
                         ahead.submit(following[0], claim)
                 began = time.monotonic()

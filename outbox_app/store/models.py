@@ -287,7 +287,10 @@ class Subscription(models.Model):
     --record``), refreshed while a relay has them (``last_seen_at``), and
     retired only by an operator (``outbox_subscribers --retire``, the admin
     action) or by a rename (a subscriber's ``aliases``); a retired row gets
-    no new deliveries until it is reactivated.
+    no new deliveries until it is reactivated. An operator may also pause a
+    subscriber (``paused_at`` on its rows, ``outbox_subscribers --pause``, the
+    admin action): fan-out still creates its deliveries, no relay claims them
+    until it is resumed.
     """
 
     subscriber = models.CharField(max_length=150)
@@ -305,6 +308,15 @@ class Subscription(models.Model):
         null=True, blank=True, help_text=_("Empty while active.")
     )
     retired_by = models.CharField(max_length=255, blank=True, default="")
+    paused_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "When an operator paused its subscriber: no relay claims the "
+            "subscriber's deliveries until it is resumed. Empty: not paused."
+        ),
+    )
+    paused_by = models.CharField(max_length=255, blank=True, default="")
 
     objects = SubscriptionQuerySet.as_manager()
 
@@ -316,6 +328,10 @@ class Subscription(models.Model):
                 fields=["subscriber", "event_type"],
                 name="outbox_subscription_uniq",
             ),
+        ]
+        permissions = [
+            ("pause_subscription", _("Can pause and resume subscribers")),
+            ("retire_subscription", _("Can retire and reactivate subscriptions")),
         ]
 
     def __str__(self) -> str:

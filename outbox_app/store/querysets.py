@@ -309,6 +309,30 @@ def served_since(
     return (now or database_now(using)) - datetime.timedelta(seconds=SERVED_SECONDS)
 
 
+#: A subscription refreshed within this long has a relay serving it now: a
+#: running relay refreshes it every :data:`HEARTBEAT_SECONDS`, so two missed
+#: refreshes mean none is running. Between this and :data:`SERVED_SECONDS` it
+#: is "stale": still counted as served where that protects (``--retire``
+#: needs ``--force``), shown as not served now.
+SERVING_SECONDS = 2 * HEARTBEAT_SECONDS
+
+
+def serving(
+    retired_at: datetime.datetime | None,
+    last_seen_at: datetime.datetime,
+    now: datetime.datetime,
+) -> str:
+    """Whether a process serves a subscription (or a consumer's): "retired",
+    "serving" (refreshed within :data:`SERVING_SECONDS`), "stale" (within
+    :data:`SERVED_SECONDS`) or "unserved"."""
+    if retired_at is not None:
+        return "retired"
+    age = (now - last_seen_at).total_seconds()
+    if age <= SERVING_SECONDS:
+        return "serving"
+    return "stale" if age <= SERVED_SECONDS else "unserved"
+
+
 class SubscriptionQuerySet(QuerySet):
     def active(self) -> SubscriptionQuerySet:
         return self.filter(retired_at__isnull=True)
@@ -397,6 +421,43 @@ class SubscriptionQuerySet(QuerySet):
         return self.filter(retired_at__isnull=False).update(
             retired_at=None, retired_by=""
         )
+
+    # An operator's pause is the subscriber's, whatever the event type: it is
+    # written on all of its rows and read as "some row is paused" (a row a
+    # relay of a newer version inserts later is paused too). Relays'
+    # subscriptions only (not ConsumerSubscription).
+
+    def paused_names(self) -> set[str]:
+        """The subscribers an operator paused: a relay claims none of their
+        deliveries (one query)."""
+        return set(
+            self.filter(paused_at__isnull=False)
+            .order_by()
+            .values_list("subscriber", flat=True)
+            .distinct()
+        )
+
+    def pause(self, by: str, now: datetime.datetime | None = None) -> int:
+        """Pause the subscribers of these rows (every row of each). Returns
+        how many subscribers were paused (those paused already are left as
+        they were)."""
+        names = set(self.values_list("subscriber", flat=True))
+        rows = self.model._default_manager.using(self.db).filter(subscriber__in=names)
+        names -= rows.paused_names()
+        if names:
+            rows.filter(subscriber__in=names).update(
+                paused_at=now or database_now(self.db), paused_by=by[:255]
+            )
+        return len(names)
+
+    def resume(self) -> int:
+        """Undo :meth:`pause` for the subscribers of these rows. Returns how
+        many subscribers were resumed."""
+        names = set(self.values_list("subscriber", flat=True))
+        rows = self.model._default_manager.using(self.db).filter(subscriber__in=names)
+        resumed = rows.paused_names()
+        rows.filter(paused_at__isnull=False).update(paused_at=None, paused_by="")
+        return len(resumed)
 
 
 class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):

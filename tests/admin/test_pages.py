@@ -97,9 +97,20 @@ def test_event_list__columns_and_delivery_summary(admin_client):
     text = page.content.decode()
     assert "shop.Order:7 v3" in text
     summary = re.search(
-        r'title="succeeded / failed / dead"[^>]*>(.*?)</span>\s*</td', text, re.S
+        r'title="2 succeeded, 1 failed, 1 dead"[^>]*>(.*?)</span>\s*</td', text, re.S
     )
     assert re.sub(r"<[^>]+>", "", summary.group(1)) == "2 / 1 / 1"
+    # The column's header is its legend.
+    assert re.search(r"<th[^>]*column-delivery_summary.*?</th>", text, re.S)
+    header = re.search(r"<th[^>]*column-delivery_summary.*?</th>", text, re.S)[0]
+    assert re.sub(r"<[^>]+>", " ", header).split()[-6:] == [
+        "Deliveries",
+        "succeeded",
+        "/",
+        "failed",
+        "/",
+        "dead",
+    ]
 
 
 def test_delivery_list__states_stand_out_next_attempt_only_when_due(
@@ -252,7 +263,7 @@ def test_overview__page(admin_client, busy):
     text = page.content.decode()
     assert 'id="outbox-subscribers"' in text
     assert ">ops.record</a>" in text
-    assert 'id="outbox-dead">1<' in text
+    assert re.search(r'id="outbox-dead"><a href="[^"]*state__exact=DEAD">1<', text)
     assert re.search(r'id="outbox-lag">3 min \d+ s<', text)
     # An inline SVG chart with bars, and no external asset anywhere on the page.
     svg = re.search(r"<svg class=\"outbox-chart\".*?</svg>", text, re.S).group(0)

@@ -4,9 +4,11 @@ the sample project's admin.
 Starts the sample project (``manage.py``, ``sample_project.settings``) on a fresh
 SQLite file with ``runserver``, seeds it with orders and deliveries, and drives
 Debian's Chromium (``/usr/bin/chromium``) with Playwright. Playwright's own
-browser downloads are never used. Saves its screenshots in ``artifacts/``;
-``OUTBOX_SCREENSHOT_DIR=docs/img`` refreshes the ones ``docs/operations.md``
-shows.
+browser downloads are never used.
+
+Screenshots (1400 x 900 PNG, of fixed seeded data) go to a temporary
+directory; with ``OUTBOX_SCREENSHOTS=1`` they replace the ones
+``docs/operations.md`` shows, in ``docs/img/``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from tests.conftest import CHROMIUM, require_service
 STATE_VALUES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "SKIPPED"]
 STATE_LABELS = ["pending", "running", "succeeded", "failed", "dead", "skipped"]
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = ROOT / os.environ.get("OUTBOX_SCREENSHOT_DIR", "artifacts")
+#: Where ``OUTBOX_SCREENSHOTS=1`` writes the screenshots: the docs' own.
+DOCS_IMAGES = ROOT / "docs" / "img"
+#: Every screenshot's size, in CSS pixels.
+SCREEN = {"width": 1400, "height": 900}
 USERNAME, PASSWORD = "operator", "correct horse battery staple"
 EMAIL_HANDLER = "shop.send_confirmation"  # the sample shop's handler
 
@@ -112,6 +117,48 @@ inbox[-1].last_error = "KeyError: 'order_id'"
 inbox[-2].state, inbox[-2].handled_at = "FAILED", None
 inbox[-2].next_retry_at = now + datetime.timedelta(seconds=20)
 InboxMessage.objects.bulk_create(inbox)
+dead = InboxMessage.objects.get(state="DEAD")
+dead.body = '{{"specversion": "1.0", "type": "OrderPlaced", "data": {{"total": "12"}}}}'
+dead.last_error_type = "builtins.KeyError"
+dead.last_traceback = (
+    "Traceback (most recent call last):\\n"
+    '  File "shop/consumers.py", line 9, in consumed\\n'
+    "KeyError: 'order_id'"
+)
+dead.attempts = 5
+dead.save()
+# The subscriptions a relay of the shop recorded a moment ago; one a former
+# version had (no relay serves it now); an operator's pause; and an outage
+# of the broker, which holds the newest deliveries back.
+from outbox_app.models import SubscriberPause, Subscription
+from outbox_app.relay import registry
+from outbox_app.subscribers import Handler
+Subscription.objects.record(registry.subscribers(), "shop-relay:4242", now)
+Subscription.objects.record(
+    [Handler(name="shop.legacy_export", event_types=frozenset({{"OrderPlaced"}}))],
+    "shop-relay:1717",
+    now - datetime.timedelta(hours=3),
+)
+Subscription.objects.filter(subscriber="shop.release_inventory").pause(
+    "admin: alice", now - datetime.timedelta(minutes=12)
+)
+SubscriberPause.objects.create(
+    subscriber="broker",
+    paused_at=now - datetime.timedelta(minutes=3),
+    resume_at=now + datetime.timedelta(hours=1),
+    probes=5,
+    reason="cannot connect to amqp://guest:**@rabbit:5672//: [Errno 111] "
+    "Connection refused",
+)
+Delivery.objects.bulk_create(
+    Delivery(
+        event=event, subscriber="broker", event_type=event.event_type,
+        aggregate_type=event.aggregate_type, aggregate_id=event.aggregate_id,
+        state="PENDING", next_retry_at=now - datetime.timedelta(minutes=3),
+        created_at=now - datetime.timedelta(minutes=3),
+    )
+    for event in events[-3:]
+)
 print("seeded", len(events), "events,", len(rows), "deliveries")
 """
 
@@ -192,6 +239,22 @@ def sample_site(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the screenshots go: ``docs/img`` with ``OUTBOX_SCREENSHOTS=1``
+    (to refresh the docs' pictures), else a temporary directory."""
+    if os.environ.get("OUTBOX_SCREENSHOTS") == "1":
+        return DOCS_IMAGES
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def shoot(page, path: Path) -> None:
+    """A 1400 x 900 PNG of what the page shows, the clock's seconds hidden
+    (times that change from run to run are not what it shows)."""
+    assert page.viewport_size == SCREEN, page.viewport_size
+    page.screenshot(path=str(path), animations="disabled", caret="hide")
+
+
+@pytest.fixture(scope="module")
 def browser():
     require_service("chromium")
     from playwright.sync_api import sync_playwright
@@ -212,10 +275,10 @@ def browser():
             browser.close()
 
 
-def log_in(browser, site: str, width: int):
+def log_in(browser, site: str, width: int = SCREEN["width"]):
     from playwright.sync_api import expect
 
-    page = browser.new_page(viewport={"width": width, "height": 900})
+    page = browser.new_page(viewport={"width": width, "height": SCREEN["height"]})
     page.set_default_timeout(15_000)
     page.goto(f"{site}/admin/")
     page.fill("#id_username", USERNAME)
@@ -296,12 +359,11 @@ def test_overview_numbers_sit_under_their_headers(sample_site, browser):
     assert shown["shop.consumed"]["dead"] == "1"
 
 
-def test_operator_requeues_expired_deliveries(sample_site, browser):
+def test_operator_requeues_expired_deliveries(sample_site, browser, screenshots):
     from playwright.sync_api import expect
 
     sample_site, _ = sample_site
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page = log_in(browser, sample_site, 1440)
+    page = log_in(browser, sample_site)
 
     # The overview, from the Outbox section of the admin.
     page.goto(f"{sample_site}/admin/outbox_app/")
@@ -310,7 +372,7 @@ def test_operator_requeues_expired_deliveries(sample_site, browser):
     expect(page.locator("#outbox-dead")).to_have_text("3")
     expect(page.locator("#outbox-subscribers")).to_contain_text(EMAIL_HANDLER)
     expect(page.locator("#outbox-chart path.bars")).to_have_count(1)
-    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+    shoot(page, screenshots / "overview.png")
 
     # Open the dead deliveries.
     page.goto(f"{sample_site}/admin/")
@@ -326,12 +388,12 @@ def test_operator_requeues_expired_deliveries(sample_site, browser):
     # Select them and run "Requeue selected".
     page.check("#action-toggle")
     page.select_option("select[name=action]", "requeue_selected")
-    page.screenshot(path=str(SCREENSHOTS / "admin-requeue.png"))
+    shoot(page, screenshots / "admin-requeue.png")
     page.click("button[name=index]")
     success = page.locator("ul.messagelist li.success")
     expect(success).to_have_text("3 deliveries were requeued.")
     expect(rows).to_have_count(0)  # none is dead any more
-    page.screenshot(path=str(SCREENSHOTS / "admin-requeue-done.png"))
+    shoot(page, screenshots / "admin-requeue-done.png")
 
     # Their new state: pending, attempts reset, the last error kept.
     state_filter.locator("a:text-is('pending')").click()
@@ -350,32 +412,48 @@ def test_operator_requeues_expired_deliveries(sample_site, browser):
     )
 
 
-def test_lists_fit_a_1400_px_screen(sample_site, browser):
-    """The events and deliveries lists show every column without scrolling
-    sideways at 1400 px, ids on one line (full UUIDs wrapped over four lines
-    and pushed the deliveries and error columns off screen)."""
+def overflow(page) -> dict[str, list[int]]:
+    """[scrollWidth, clientWidth] of the page and of the list's results box."""
+    return page.evaluate(
+        "() => { const r = document.querySelector('.results') ||"
+        " document.documentElement; const d = document.documentElement;"
+        " return {page: [d.scrollWidth, d.clientWidth],"
+        " results: [r.scrollWidth, r.clientWidth]}; }"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["outboxevent", "delivery", "inboxmessage", "subscription"]
+)
+def test_lists_fit_a_1400_px_screen(sample_site, browser, screenshots, name):
+    """The events, deliveries, inbox messages and subscriptions lists show
+    every column without scrolling sideways at 1400 px, ids on one line (full
+    UUIDs wrapped over four lines and pushed the deliveries and error columns
+    off screen)."""
     site, _ = sample_site
-    page = log_in(browser, site, 1400)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for name in ("outboxevent", "delivery"):
-        page.goto(f"{site}/admin/outbox_app/{name}/?o=-1")
-        scroll, width = page.evaluate(
-            "() => { const r = document.querySelector('.results');"
-            " return [r.scrollWidth, r.clientWidth]; }"
-        )
-        page.screenshot(path=str(SCREENSHOTS / f"admin-{name}-list.png"))
-        assert scroll <= width, (name, scroll, width)
-    ids = page.locator("#result_list td.field-event_link").all_inner_texts()
-    assert ids and all(len(text) == 9 for text in ids), ids[:3]
+    page = log_in(browser, site)
+    page.goto(f"{site}/admin/outbox_app/{name}/?o=-1")
+    widths = overflow(page)
+    shoot(page, screenshots / f"admin-{name}-list.png")
+    for box, (scroll, width) in widths.items():
+        assert scroll <= width, (name, box, scroll, width)
+    if name == "delivery":
+        ids = page.locator("#result_list td.field-event_link").all_inner_texts()
+        assert ids and all(len(text) == 9 for text in ids), ids[:3]
+        # The broker is paused by an outage: its rows say so, not "due".
+        broker = page.locator("#result_list tr", has_text="broker")
+        assert broker.count() == 3
+        for text in broker.locator("td.field-next_retry").all_inner_texts():
+            assert text == "paused: outage"
 
 
-def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
+def test_operator_requeues_from_a_deliveries_page(sample_site, browser, screenshots):
     """A failed delivery's page offers the transitions its state allows;
     Requeue makes it pending and titles its error as the previous attempt's."""
     from playwright.sync_api import expect
 
     site, _ = sample_site
-    page = log_in(browser, site, 1280)
+    page = log_in(browser, site)
     page.goto(
         f"{site}/admin/outbox_app/delivery/?state__exact=FAILED"
         "&subscriber__exact=rabbitmq"
@@ -385,8 +463,7 @@ def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
     expect(tools).to_have_text(["Requeue", "Retry now", "Dead-letter", "Skip"])
     headings = page.locator("fieldset h2")
     expect(headings).to_have_text(["Aggregate", "Last error", "Lease"])
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "admin-delivery-page.png"))
+    shoot(page, screenshots / "admin-delivery-page.png")
     page.locator(".object-tools button:text-is('Requeue')").click()
     expect(page.locator("ul.messagelist li.success")).to_have_text(
         "1 delivery was requeued."
@@ -396,3 +473,139 @@ def test_operator_requeues_from_a_deliveries_page(sample_site, browser):
         ["Aggregate", "Previous attempt's error (kept as history)", "Lease"]
     )
     expect(page.locator(".object-tools button")).to_have_text(["Dead-letter"])
+
+
+def test_the_subscriptions_list_shows_serving_and_paused(
+    sample_site, browser, screenshots
+):
+    """Where the operator looks for a subscriber: whether a relay serves it
+    now, and why it is paused (an outage of the broker, an operator)."""
+    from playwright.sync_api import expect
+
+    site, _ = sample_site
+    page = log_in(browser, site)
+    page.goto(f"{site}/admin/outbox_app/subscription/")
+    expect(page.locator("h1")).to_have_text("Select subscription to view")
+
+    def row(name: str):
+        return page.locator("#result_list tbody tr", has_text=name)
+
+    expect(row("broker").locator("td.field-paused")).to_contain_text(
+        "destination unavailable"
+    )
+    expect(row("broker").locator("td.field-relay")).to_have_text("● serving")
+    expect(row("shop.release_inventory").locator("td.field-paused")).to_contain_text(
+        "by admin: alice"
+    )
+    expect(row("shop.legacy_export").locator("td.field-relay")).to_have_text(
+        "● unserved"
+    )
+    expect(row("shop.legacy_export").locator("td.field-last_served")).to_contain_text(
+        "3 h 0 min ago"
+    )
+    shoot(page, screenshots / "admin-subscription-list.png")
+
+
+def test_operator_pauses_and_resumes_a_subscriber(sample_site, browser):
+    """The actions, as an operator runs them; the deliveries list and the
+    overview follow (the relay's side: tests/delivery/test_subscriptions.py)."""
+    from playwright.sync_api import expect
+
+    site, env = sample_site
+    page = log_in(browser, site)
+    page.goto(f"{site}/admin/outbox_app/subscription/?q=shop.fraud_check")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "pause_selected")
+    page.click("button[name=index]")
+    expect(page.locator("ul.messagelist li.success")).to_have_text(
+        "1 subscriber was paused: its deliveries wait, with no attempt counted, "
+        "until it is resumed."
+    )
+    expect(page.locator("#result_list td.field-paused")).to_contain_text(
+        "by admin: operator"
+    )
+    status = json.loads(manage(env, "outbox_status", "--json"))
+    assert [p["subscriber"] for p in status["paused_by_operator"]] == [
+        "shop.release_inventory",
+        "shop.fraud_check",
+    ]
+    page.goto(f"{site}/admin/outbox_app/outboxoverview/")
+    expect(
+        page.locator("#outbox-subscribers tr", has_text="shop.fraud_check")
+    ).to_contain_text("paused by admin: operator")
+
+    page.goto(f"{site}/admin/outbox_app/subscription/?q=shop.fraud_check")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "resume_selected")
+    page.click("button[name=index]")
+    expect(page.locator("ul.messagelist li.success")).to_have_text(
+        "1 subscriber was resumed: relays claim its deliveries again."
+    )
+    expect(page.locator("#result_list td.field-paused")).to_have_text("-")
+
+
+def test_operator_requeues_from_an_inbox_messages_page(
+    sample_site, browser, screenshots
+):
+    from playwright.sync_api import expect
+
+    site, _ = sample_site
+    page = log_in(browser, site)
+    page.goto(f"{site}/admin/outbox_app/inboxmessage/?state__exact=DEAD")
+    page.locator("#result_list tbody tr th a").first.click()
+    expect(page.locator(".object-tools button")).to_have_text(["Requeue"])
+    expect(page.locator(".field-next_retry .readonly")).to_have_text("-")
+    shoot(page, screenshots / "admin-inboxmessage-page.png")
+    page.locator(".object-tools button:text-is('Requeue')").click()
+    expect(page.locator("ul.messagelist li.success")).to_have_text(
+        "1 message requeued: consume runs it again."
+    )
+    expect(page.locator(".field-state_label .readonly")).to_have_text("failed")
+    expect(page.locator(".field-next_retry .readonly")).to_have_text("due")
+    # A handled message's page: no button, no stale next try.
+    page.goto(f"{site}/admin/outbox_app/inboxmessage/?state__exact=HANDLED")
+    page.locator("#result_list tbody tr th a").first.click()
+    expect(page.locator(".object-tools button")).to_have_count(0)
+    expect(page.locator(".field-next_retry .readonly")).to_have_text("-")
+
+
+def test_requeue_all_matching_says_the_filter_in_words(sample_site, browser):
+    from playwright.sync_api import expect
+
+    site, _ = sample_site
+    page = log_in(browser, site)
+    page.goto(
+        f"{site}/admin/outbox_app/delivery/?state__exact=FAILED"
+        "&subscriber__exact=rabbitmq"
+    )
+    page.click("a.outbox-requeue-matching")
+    expect(page.locator("#outbox-filters li")).to_have_text(
+        ["State: failed", "Subscriber: rabbitmq"]
+    )
+    assert "__exact" not in page.locator("#content-main").inner_text()
+
+
+def test_the_overview_refreshes_itself_and_its_counts_link(sample_site, browser):
+    """A new dead delivery shows on the open overview within a few seconds,
+    without a reload; the count links to the dead deliveries."""
+    from playwright.sync_api import expect
+
+    site, env = sample_site
+    page = log_in(browser, site)
+    page.goto(f"{site}/admin/outbox_app/outboxoverview/")
+    page.evaluate("() => { window.outboxNotReloaded = true; }")
+    before = int(page.locator("#outbox-dead").inner_text())
+    manage(
+        env,
+        "shell",
+        "-c",
+        "from outbox_app import Delivery\n"
+        "row = Delivery.objects.filter(state='SUCCEEDED').first()\n"
+        "Delivery.objects.filter(pk=row.pk).update(state='DEAD')",
+    )
+    expect(page.locator("#outbox-dead")).to_have_text(str(before + 1), timeout=20_000)
+    assert page.evaluate("() => window.outboxNotReloaded") is True
+    page.locator("#outbox-dead a").click()
+    expect(page.locator("h1")).to_have_text("Select delivery to view")
+    assert "state__exact=DEAD" in page.url
+    expect(page.locator("#result_list tbody tr")).to_have_count(before + 1)

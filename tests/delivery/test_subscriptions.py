@@ -8,6 +8,7 @@ import datetime
 import io
 import logging
 import signal
+import time
 
 import pytest
 from django.core.management import call_command
@@ -20,6 +21,7 @@ from outbox_app.models import Subscription
 from outbox_app.ops import status
 from outbox_app.ops import subscriptions as operations
 from outbox_app.relay import fan_out, relay_once
+from outbox_app.relay.loop import HELD_REFRESH_SECONDS
 from outbox_app.relay.registry import get
 from outbox_app.store.lifecycle import State
 from outbox_app.subscribers import Handler
@@ -345,3 +347,138 @@ def test_retiring_the_only_subscriber_as_a_folded_claim_runs_leaves_it_pending(
     assert set(Delivery.objects.values_list("event_id", flat=True)) == {
         e.id for e in orders
     }
+
+
+def test_a_paused_subscriber_is_not_claimed_until_resumed(handlers, caplog):
+    """An operator's pause stops the claims of the subscriber (every event
+    type), not its fan-out nor the other subscribers; resuming delivers what
+    waited, and no attempt was counted meanwhile."""
+    handlers("record")
+    relay_once()  # records the subscriptions
+    rows = Subscription.objects.filter(subscriber="record_a")
+    assert operations.pause(rows, by="admin: alice") == 1
+    assert operations.pause(rows, by="admin: bob") == 0  # paused already
+    assert set(rows.values_list("paused_by", flat=True)) == {"admin: alice"}
+    place(3)
+    with caplog.at_level(logging.WARNING, logger="outbox_app.relay"):
+        report = relay_once()
+    assert report.succeeded == 3
+    assert states_of("record_a") == [State.PENDING] * 3
+    assert set(
+        Delivery.objects.filter(subscriber="record_a").values_list(
+            "attempts", flat=True
+        )
+    ) == {0}
+    assert states_of("record_b") == [State.SUCCEEDED] * 3
+    assert "subscriber record_a is paused by an operator" in caplog.text
+    data = status.overview()
+    (held,) = data["paused_by_operator"]
+    assert (held["subscriber"], held["by"]) == ("record_a", "admin: alice")
+    by_name = {row["name"]: row for row in data["subscribers"]}
+    assert by_name["record_a"]["paused"]["cause"] == "operator"
+    assert by_name["record_b"]["paused"] is None
+
+    assert operations.resume(Subscription.objects.filter(event_type="OrderPlaced"))
+    assert relay_once().succeeded == 3
+    assert states_of("record_a") == [State.SUCCEEDED] * 3
+    assert not Subscription.objects.filter(paused_at__isnull=False).exists()
+
+
+def test_pause_and_resume_from_the_command_line(handlers):
+    handlers("record")
+    relay_once()
+    out = io.StringIO()
+    call_command("outbox_subscribers", "--pause", "record_a", stdout=out)
+    assert "Paused record_a" in out.getvalue()
+    out = io.StringIO()
+    call_command("outbox_subscribers", stdout=out)
+    (line,) = [r for r in out.getvalue().splitlines() if r.startswith("record_a ")]
+    assert "0 s by manage.py outbox_subscribers" in line
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    text = out.getvalue()
+    assert "PAUSED: record_a for" in text and "by an operator" in text
+    (row,) = [r for r in text.splitlines() if r.startswith("record_a ")]
+    assert row.split()[-1] == "operator"
+    call_command("outbox_subscribers", "--resume", "record_a", stdout=out)
+    assert "Resumed record_a." in out.getvalue()
+    assert not Subscription.objects.filter(paused_at__isnull=False).exists()
+    with pytest.raises(CommandError, match="no subscription of 'nobody'"):
+        call_command("outbox_subscribers", "--pause", "nobody")
+    with pytest.raises(CommandError, match="go with --retire"):
+        call_command("outbox_subscribers", "--pause", "record_a", "--waiting", "keep")
+
+
+def test_the_subscribers_command_says_whether_a_relay_serves_now(handlers):
+    """Relays refresh their subscriptions every minute: one refreshed 3
+    minutes ago has no relay serving it now (STALE), though --retire still
+    wants --force; an hour ago is UNSERVED. The publisher paused by an outage
+    says so."""
+    from outbox_app.models import SubscriberPause
+
+    handlers("record")
+    relay_once()
+    record_elsewhere(seconds_ago=180)
+    Subscription.objects.record(
+        [Handler(name="gone", event_types=frozenset({"OrderPlaced"}))],
+        "old-host:9",
+        timezone.now() - datetime.timedelta(hours=1),
+    )
+    now = timezone.now()
+    SubscriberPause.objects.create(
+        subscriber="record_b",
+        paused_at=now - datetime.timedelta(seconds=90),
+        resume_at=now + datetime.timedelta(seconds=5),
+        reason="ConnectionRefusedError",
+    )
+    out = io.StringIO()
+    call_command("outbox_subscribers", stdout=out)
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines()[1:]}
+    header = out.getvalue().splitlines()[0].split()
+    assert header[:4] == ["subscriber", "event", "type", "kind"]
+    assert " serving " in lines["record_a"] and " ago by " in lines["record_a"]
+    assert " STALE " in lines["elsewhere"]
+    assert "3 min 0 s ago by other-host:1" in lines["elsewhere"]
+    assert (
+        " UNSERVED " in lines["gone"]
+        and "1 h 0 min ago by old-host:9" in (lines["gone"])
+    )
+    assert "outage 1 min 30 s" in lines["record_b"]
+    assert lines["record_a"].split()[-2:] == ["-", "0"]
+
+
+@pytest.mark.slow
+def test_a_running_relay_honours_a_pause_without_a_restart():
+    """A relay process keeps running while an operator pauses one of its
+    subscribers, then resumes it: nothing is claimed for it in between, the
+    rest flows, and what waited is delivered after the resume."""
+    relay = spawn("-m", "tests.relay_worker", "record", "--max-seconds", "120")
+    try:
+        assert relay.stdout.readline().strip() == "ready"
+        wait_for(
+            lambda: Subscription.objects.filter(subscriber="record_a").exists(),
+            60,
+            "the relay to record its subscriptions",
+        )
+        operations.pause(Subscription.objects.filter(subscriber="record_a"), by="test")
+        # A relay turn under way may have read the pauses just before: it
+        # reads them again within HELD_REFRESH_SECONDS.
+        time.sleep(2 * HELD_REFRESH_SECONDS)
+        place(10)
+        wait_for(
+            lambda: SideEffect.objects.filter(handler="record_b").count() == 10,
+            60,
+            "the relay to deliver to the subscriber that is not paused",
+        )
+        time.sleep(2)  # more than a relay turn and its refresh of the pauses
+        assert SideEffect.objects.filter(handler="record_a").count() == 0
+        assert states_of("record_a") == [State.PENDING] * 10
+        operations.resume(Subscription.objects.filter(subscriber="record_a"))
+        wait_for(
+            lambda: SideEffect.objects.filter(handler="record_a").count() == 10,
+            60,
+            "the relay to deliver once the subscriber is resumed",
+        )
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=60)

@@ -160,6 +160,7 @@ def test_command__json_shape():
     assert set(data) == {
         "generated_at",
         "paused",
+        "paused_by_operator",
         "unserved",
         "lag_seconds",
         "states",
@@ -189,7 +190,9 @@ def test_command__json_shape():
         "blocked_aggregates",
         "scheduled",
         "next_scheduled",
+        "paused",
     }
+    assert row["paused"] is None
     assert set(data["deliveries"]) == {
         "start",
         "end",
@@ -282,6 +285,22 @@ def test_paused_publishers_are_shown_with_their_reason():
     [paused] = json.loads(run("--json")[0])["paused"]
     assert (paused["subscriber"], paused["probes"]) == ("rabbitmq", 4)
     assert paused["paused_seconds"] >= 180
+
+
+def test_a_paused_publisher_is_shown_on_its_row():
+    """The row of the subscriber whose deliveries wait says why: an outage of
+    its destination (in the table's paused column too)."""
+    delivery(events(1)[0], "rabbitmq", State.PENDING)
+    pause("rabbitmq", since=datetime.timedelta(minutes=3), probed=datetime.timedelta(0))
+    rows = status.overview()["subscribers"]
+    row = next(r for r in rows if r["name"] == "rabbitmq")
+    assert [r["name"] for r in rows if r["paused"]] == ["rabbitmq"]
+    assert row["paused"]["cause"] == "outage"
+    assert row["paused"]["reason"] == "cannot connect to amqp://x//: refused"
+    assert row["paused"]["paused_seconds"] >= 180
+    out, _ = run()
+    (line,) = [r for r in out.splitlines() if r.startswith("rabbitmq ")]
+    assert line.split()[-1] == "outage"
 
 
 def test_a_resumed_publisher_is_not_shown():

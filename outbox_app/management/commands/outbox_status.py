@@ -36,8 +36,10 @@ class Command(BaseCommand):
         "scheduled for later (publish(deliver_at=...)), the lag (how long the "
         "oldest delivery has waited since it was due), dead deliveries, "
         "aggregates an "
-        "dead delivery blocks, events waiting for fan-out, deliveries in the "
-        "last 24 hours and the inbox's messages per consumer. With --max-lag / "
+        "dead delivery blocks, whether it is paused (its destination "
+        "unavailable: outage; or by an operator), events waiting for fan-out, "
+        "deliveries in the last 24 hours and the inbox's messages per "
+        "consumer. With --max-lag / "
         "--max-dead / --max-dead-inbox it is a health check: the "
         f"exit status is {UNHEALTHY} when a threshold is crossed, 1 when the "
         "outbox cannot be read, 0 otherwise."
@@ -117,7 +119,7 @@ class Command(BaseCommand):
     def _table(self, data, problems) -> None:
         write = self.stdout.write
         columns = ["subscriber", "kind", *(s.lower() for s in State.values)]
-        columns += ["scheduled", "lag", "blocked"]
+        columns += ["scheduled", "lag", "blocked", "paused"]
         rows = []
         for row in data["subscribers"]:
             kind = row["kind"] or "unregistered"
@@ -132,6 +134,7 @@ class Command(BaseCommand):
                     str(row["scheduled"]),
                     _seconds(row["oldest_pending_seconds"]),
                     "-" if blocked is None else str(blocked),
+                    _paused(row["paused"]),
                 ]
             )
         if rows:
@@ -187,6 +190,16 @@ class Command(BaseCommand):
                     f"{pause['probes']} failed): {pause['reason']}"
                 )
             )
+        for pause in data["paused_by_operator"]:
+            write(
+                self.style.WARNING(
+                    f"PAUSED: {pause['subscriber']} for "
+                    f"{_seconds(pause['paused_seconds'])}, by an operator "
+                    f"({pause['by'] or '?'}): no relay claims its deliveries "
+                    "until it is resumed (manage.py outbox_subscribers --resume "
+                    f"{pause['subscriber']})"
+                )
+            )
         for row in data["unserved"]:
             write(
                 self.style.WARNING(
@@ -199,6 +212,11 @@ class Command(BaseCommand):
             )
         for problem in problems:
             write(self.style.ERROR(f"UNHEALTHY: {problem}"))
+
+
+def _paused(pause: dict | None) -> str:
+    """A subscriber row's paused cell: "-", "outage" or "operator"."""
+    return "-" if pause is None else pause["cause"]
 
 
 def _seconds(value: float | None) -> str:

@@ -22,18 +22,23 @@ from outbox_app.store.models import (
     ConsumerSubscription,
     Delivery,
     InboxMessage,
+    SubscriberPause,
     Subscription,
 )
-from outbox_app.store.querysets import SERVED_SECONDS
+from outbox_app.store.querysets import SERVED_SECONDS, SERVING_SECONDS, serving
 from outbox_app.subscribers import WILDCARD
+from outbox_app.templatetags.outbox_admin import duration
 
 
 class Command(BaseCommand):
     help = (
         "List the subscriptions relays recorded: one row per subscriber and event "
-        "type, whether a running relay serves it (refreshed within "
-        f"{SERVED_SECONDS // 60} minutes) and how many of its deliveries are "
-        "unfinished; and the consumers consume processes recorded, with their "
+        "type, whether a relay serves it now (serving: refreshed within "
+        f"{SERVING_SECONDS // 60} minutes; STALE: within {SERVED_SECONDS // 60} "
+        "minutes, none serving now; UNSERVED: longer), when and by whom it was "
+        "last served, whether it is paused (by an operator, or by an outage of "
+        "its destination) and how many of its deliveries are unfinished; "
+        "and the consumers consume processes recorded, with their "
         "failed and dead inbox messages. Fan-out creates deliveries for "
         "every active subscription, whichever relay runs it; a consume process "
         "keeps a message for every active consumer of its queue that it lacks. "
@@ -41,7 +46,8 @@ class Command(BaseCommand):
         "step, before processes of the new version start); --retire stops "
         "fan-out to a subscriber (or keeping messages for a consumer) that is "
         "gone from the code, saying what happens to what waits for it; "
-        "--reactivate undoes it."
+        "--reactivate undoes it; --pause and --resume stop and restart the "
+        "relays' claims for a subscriber without a restart."
     )
 
     def add_arguments(self, parser):
@@ -59,6 +65,15 @@ class Command(BaseCommand):
             "--reactivate",
             metavar="NAME",
             help="Reactivate the subscriber or consumer NAME.",
+        )
+        action.add_argument(
+            "--pause",
+            metavar="NAME",
+            help="Pause the subscriber NAME: relays claim none of its deliveries "
+            "(they wait, no attempt counted) until --resume; no restart needed.",
+        )
+        action.add_argument(
+            "--resume", metavar="NAME", help="Resume the subscriber NAME."
         )
         parser.add_argument(
             "--event-type",
@@ -90,6 +105,8 @@ class Command(BaseCommand):
         rows = Subscription.objects.using(using)
         consumers = ConsumerSubscription.objects.using(using)
         name = options["retire"] or options["reactivate"]
+        if (options["event_type"] or options["waiting"]) and not name:
+            raise CommandError("--event-type and --waiting go with --retire")
         if name:
             rows = rows.filter(subscriber=name)
             consumers = consumers.filter(consumer=name)
@@ -98,8 +115,25 @@ class Command(BaseCommand):
                 consumers = consumers.filter(event_type=options["event_type"])
             if not rows.exists() and not consumers.exists():
                 raise CommandError(f"no subscription of {name!r} is recorded")
-        elif options["event_type"] or options["waiting"]:
-            raise CommandError("--event-type and --waiting go with --retire")
+        elif options["pause"] or options["resume"]:
+            name = options["pause"] or options["resume"]
+            rows = rows.filter(subscriber=name)
+            if not rows.exists():
+                raise CommandError(f"no subscription of {name!r} is recorded")
+            if options["pause"]:
+                count = subscriptions.pause(rows, by="manage.py outbox_subscribers")
+                self.stdout.write(
+                    f"Paused {name}: relays claim none of its deliveries until "
+                    f"--resume {name}."
+                    if count
+                    else f"{name} was paused already."
+                )
+            else:
+                count = subscriptions.resume(rows)
+                self.stdout.write(
+                    f"Resumed {name}." if count else f"{name} was not paused."
+                )
+            return
         if options["record"]:
             subscribers = registry.subscribers()
             rows.record(subscribers, f"outbox_subscribers {worker_name()}")
@@ -167,28 +201,38 @@ class Command(BaseCommand):
         failing = _counts(
             InboxMessage.objects.using(using), "consumer", INBOX_REQUEUEABLE
         )
-        columns = ["subscriber", "event type", "kind", "state", "last seen", "waiting"]
+        outages = {
+            pause.subscriber: pause
+            for pause in SubscriberPause.objects.using(using).paused(now)
+        }
+        columns = [
+            "subscriber",
+            "event type",
+            "kind",
+            "relay",
+            "last served",
+            "paused",
+            "waiting",
+        ]
         lines = []
         listed = [(s.subscriber, s.kind, s, unfinished) for s in subscriptions] + [
             (c.consumer, f"consumer on {c.queue}", c, failing) for c in consumers
         ]
         for name, kind, s, counts in listed:
-            if s.retired_at is not None:
-                state = "retired"
-            else:
-                state = "served" if s.is_served(now) else "UNSERVED"
+            state = serving(s.retired_at, s.last_seen_at, now)
             if s.event_type == WILDCARD:
                 waiting = sum(n for (key, _), n in counts.items() if key == name)
             else:
                 waiting = counts.get((name, s.event_type), 0)
-            age = int((now - s.last_seen_at).total_seconds())
+            age = duration((now - s.last_seen_at).total_seconds())
             lines.append(
                 [
                     name,
                     s.event_type,
                     kind + (",ordered" if s.ordered else ""),
-                    state,
-                    f"{age}s ago by {s.last_seen_by or '?'}",
+                    state if state in ("serving", "retired") else state.upper(),
+                    f"{age} ago by {s.last_seen_by or '?'}",
+                    _paused(s, outages.get(name), now),
                     str(waiting),
                 ]
             )
@@ -201,8 +245,23 @@ class Command(BaseCommand):
             )
         )
         for line in lines:
-            text = "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
-            self.stdout.write(self.style.WARNING(text) if "UNSERVED" in line else text)
+            text = "  ".join(
+                c.ljust(w) for c, w in zip(line, widths, strict=True)
+            ).rstrip()
+            quiet = line[3] in ("serving", "retired") and line[5] == "-"
+            self.stdout.write(text if quiet else self.style.WARNING(text))
+
+
+def _paused(row, outage, now) -> str:
+    """The paused cell: "-", "<for how long> by <who>" (an operator) or
+    "outage <for how long>" (a relay paused the publisher: its destination is
+    unavailable)."""
+    if outage is not None:
+        return f"outage {duration((now - outage.paused_at).total_seconds())}"
+    if getattr(row, "paused_at", None) is not None:
+        since = duration((now - row.paused_at).total_seconds())
+        return f"{since} by {row.paused_by or '?'}"
+    return "-"
 
 
 def _counts(rows, name: str, states) -> dict[tuple[str, str], int]:
