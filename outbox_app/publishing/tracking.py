@@ -228,11 +228,24 @@ def track(
         _tracked[cls] = spec
         cls.save = _saving(cls.save, spec)
         cls.delete = _instance_delete(cls.delete)
-        post_delete.connect(_deleted, sender=cls, weak=False)
+        post_delete.connect(_deleted, weak=False, dispatch_uid="outbox_app.track")
         _patch_querysets()
         return cls
 
     return register(model) if model is not None else register
+
+
+def _spec_for(model: type[models.Model]) -> Tracking | None:
+    """How writes through ``model`` are tracked: its own ``@track``, its
+    concrete model's (a proxy), or its nearest tracked parent's (a
+    multi-table child, whose rows hold the parent's); None: untracked."""
+    spec = _tracked.get(model) or _tracked.get(model._meta.concrete_model)
+    if spec is None:
+        for parent in model._meta.get_parent_list():
+            spec = _tracked.get(parent)
+            if spec is not None:
+                break
+    return spec
 
 
 def primary_key_name(aggregate_type: str | None) -> str:
@@ -325,9 +338,9 @@ def _change(
 
 def _deleted(sender, instance, using, **kwargs) -> None:
     """``post_delete`` of a tracked model: inside the deletion's transaction."""
-    if _off.get():
+    spec = _tracked.get(sender._meta.concrete_model)  # a proxy's deletes too
+    if spec is None or _off.get():
         return
-    spec = _tracked[sender]
     pk = instance.pk
     item = (
         _event(spec, "delete", pk, values=spec.last_values(instance)),
@@ -400,7 +413,7 @@ def _patch_querysets() -> None:
 def _queryset_delete(delete):
     @functools.wraps(delete)
     def tracked_delete(self, *args, **kwargs):
-        if self.model not in _tracked or _off.get():
+        if _spec_for(self.model) is None or _off.get():
             return delete(self, *args, **kwargs)
         return _buffered(delete, self, self.db, args, kwargs)
 
@@ -453,7 +466,7 @@ def _buffer():
 def _tracked_bulk_create(bulk_create):
     @functools.wraps(bulk_create)
     def tracked_bulk_create(self, objs, *args, **kwargs):
-        spec = _tracked.get(self.model)
+        spec = _spec_for(self.model)
         if spec is None or _off.get():
             return bulk_create(self, objs, *args, **kwargs)
         if kwargs.get("ignore_conflicts") or kwargs.get("update_conflicts"):
@@ -499,10 +512,10 @@ UPDATE_BATCH = 1000
 def _tracked_update(update):
     @functools.wraps(update)
     def tracked_update(self, **kwargs):
-        spec = _tracked.get(self.model)
+        spec = _spec_for(self.model)
         if spec is None or _off.get() or self.query.is_sliced:
             return update(self, **kwargs)  # Django refuses a sliced one
-        rows = spec.model._base_manager.using(self.db)
+        rows = self.model._base_manager.using(self.db)  # a child's: its fields
 
         def write(pks: list) -> int:
             return sum(
@@ -532,7 +545,7 @@ def _lockable(chosen: models.QuerySet, rows: models.QuerySet) -> models.QuerySet
 def _tracked_bulk_update(bulk_update):
     @functools.wraps(bulk_update)
     def tracked_bulk_update(self, objs, fields, *args, **kwargs):
-        spec = _tracked.get(self.model)
+        spec = _spec_for(self.model)
         if spec is None or _off.get():
             return bulk_update(self, objs, fields, *args, **kwargs)
         objs = list(objs)

@@ -80,3 +80,17 @@ class Gadget(models.Model):
     launched = models.DateField(null=True, blank=True)
     touched = models.DateTimeField(auto_now=True)
     removed_at = models.DateTimeField(null=True, blank=True)
+
+
+class GadgetProxy(Gadget):
+    """A proxy of a tracked model: its writes publish as Gadget's."""
+
+    class Meta:
+        proxy = True
+
+
+class SmartGadget(Gadget):
+    """A multi-table child of a tracked model (untracked itself): writes of
+    the parent's fields publish as Gadget's."""
+
+    firmware = models.CharField(max_length=20, default="1.0")

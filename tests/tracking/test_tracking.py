@@ -374,9 +374,6 @@ def test_an_unknown_name_key_is_refused_by_a_check():
         assert error.id == "outbox.E026" and "['softdelete']" in error.msg
     finally:
         del tracking._tracked[Probe]
-        from django.db.models.signals import post_delete
-
-        post_delete.disconnect(tracking._deleted, sender=Probe)
     assert check_tracked_models() == []
 
 
@@ -481,3 +478,46 @@ def test_update_of_a_distinct_annotated_or_outer_joined_queryset_publishes():
         changed = [e.payload["changed"] for e in events()]
         OutboxEvent.objects.all().delete()
         assert changed == [{"price": f"{price}.00"}] * rows
+
+
+def test_a_proxy_publishes_as_its_concrete_model():
+    from tests.testapp.models import GadgetProxy
+
+    GadgetProxy.objects.bulk_create([GadgetProxy(name="A"), GadgetProxy(name="B")])
+    GadgetProxy.objects.filter(name="A").update(price=3)
+    proxy = GadgetProxy.objects.get(name="B")
+    proxy.price = 4
+    proxy.save()
+    GadgetProxy.objects.filter(name="A").delete()
+    proxy.delete()
+    published = [(e.event_type, e.aggregate_type) for e in events()]
+    assert published == [
+        ("GadgetCreated", "Gadget"),
+        ("GadgetCreated", "Gadget"),
+        ("GadgetUpdated", "Gadget"),
+        ("GadgetUpdated", "Gadget"),
+        ("GadgetForceDeleted", "Gadget"),
+        ("GadgetForceDeleted", "Gadget"),
+    ]
+
+
+def test_a_multi_table_child_publishes_its_tracked_parent_s_changes():
+    from tests.testapp.models import SmartGadget
+
+    child = SmartGadget.objects.create(name="Hub", price=10)
+    SmartGadget.objects.filter(pk=child.pk).update(price=11, firmware="2.0")
+    SmartGadget.objects.filter(pk=child.pk).update(firmware="3.0")  # untracked field
+    child.refresh_from_db()
+    child.price = 12
+    child.save()
+    key = str(child.pk)
+    child.delete()
+    published = [(e.event_type, e.aggregate_type, e.aggregate_id) for e in events()]
+    assert published == [
+        ("GadgetCreated", "Gadget", key),
+        ("GadgetUpdated", "Gadget", key),
+        ("GadgetUpdated", "Gadget", key),
+        ("GadgetForceDeleted", "Gadget", key),
+    ]
+    first = OutboxEvent.objects.filter(event_type="GadgetUpdated").order_by("id")[0]
+    assert first.payload["changed"] == {"price": "11.00"}
