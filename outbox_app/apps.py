@@ -24,9 +24,11 @@ class OutboxConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from .ops import checks  # noqa: F401  (registers the system checks)
+        from .publishing import tracking
         from .publishing.outbox import events_committed
         from .relay.wake import wake_relays
 
+        tracking.connect_signals()
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
         events_committed.connect(_wake_celery, dispatch_uid="outbox_app.wake_celery")
 

@@ -60,6 +60,7 @@ import contextlib
 import contextvars
 import datetime
 import functools
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 from django.db.models.fields.files import FieldFile
-from django.db.models.signals import post_delete
+from django.db.models.signals import post_delete, pre_delete
 from django.db.models.sql.constants import LOUTER
 from django.utils import timezone
 
@@ -228,7 +229,7 @@ def track(
         _tracked[cls] = spec
         cls.save = _saving(cls.save, spec)
         cls.delete = _instance_delete(cls.delete)
-        post_delete.connect(_deleted, weak=False, dispatch_uid="outbox_app.track")
+        post_delete.connect(_deleted, sender=cls, weak=False)
         _patch_querysets()
         return cls
 
@@ -256,6 +257,61 @@ def primary_key_name(aggregate_type: str | None) -> str:
         if spec.aggregate_type == aggregate_type:
             return spec.model._meta.pk.attname
     return "pk"
+
+
+def connect_signals() -> None:
+    """Once every model is loaded (the app's ``ready()``): receive the
+    deletes of tracked models' proxies, and the deletes of rows that tracked
+    models reference with ``on_delete=SET_DEFAULT`` or ``SET(...)``, whose
+    updates Django writes without ``QuerySet.update()``. Receivers are
+    connected per sender, so other models keep Django's fast deletes."""
+    from django.apps import apps
+
+    for model in apps.get_models():
+        if model._meta.proxy and model._meta.concrete_model in _tracked:
+            post_delete.connect(_deleted, sender=model, weak=False)
+    for spec in _tracked.values():
+        for field in spec.fields:
+            on_delete = getattr(field.remote_field, "on_delete", None)
+            if on_delete is None or getattr(on_delete, "lazy_sub_objs", False):
+                continue  # not a relation, or updated through QuerySet.update()
+            if on_delete is models.SET_DEFAULT or hasattr(on_delete, "deconstruct"):
+                target = field.remote_field.model
+                _references.setdefault(target, []).append((spec, field))
+                pre_delete.connect(_referenced_deleting, sender=target, weak=False)
+                post_delete.connect(_referenced_deleted, sender=target, weak=False)
+
+
+#: referenced model -> (tracking, field) of each tracked foreign key to it
+#: whose on_delete Django applies to fetched rows (SET_DEFAULT, a callable SET).
+_references: dict[type[models.Model], list[tuple[Tracking, models.Field]]] = {}
+#: The tracked rows a delete in progress will update: (referenced model,
+#: its row's pk, alias) -> [(tracking, their stored values by pk)].
+_referencing = threading.local()
+
+
+def _referenced_deleting(sender, instance, using, **kwargs) -> None:
+    """``pre_delete`` of a row tracked rows reference: read and lock them."""
+    if _off.get():
+        return
+    found = []
+    for spec, field in _references[sender]:
+        key = getattr(instance, field.target_field.attname)
+        rows = spec.model._base_manager.using(using).filter(**{field.attname: key})
+        stored = spec.stored(rows)
+        if stored:
+            found.append((spec, stored))
+    if found:
+        pending = _referencing.__dict__.setdefault("pending", {})
+        pending[sender, instance.pk, using] = found
+
+
+def _referenced_deleted(sender, instance, using, **kwargs) -> None:
+    """``post_delete`` of that row: Django has updated the tracked rows;
+    publish their changes, in the deletion's transaction."""
+    pending = _referencing.__dict__.get("pending", {})
+    for spec, before in pending.pop((sender, instance.pk, using), ()):
+        _publish_rewritten(spec, before, using)
 
 
 def tracked_models() -> list[Tracking]:
@@ -564,20 +620,26 @@ def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:
     """Lock and read the rows of ``chosen`` (a queryset), ``write(pks)`` them,
     read them again and publish a change event per changed row, one INSERT
     per operation, all in one transaction. Returns what ``write`` returned."""
-    names = [f.attname for f in spec.fields]
     with transaction.atomic(using=using):
         before = spec.stored(chosen)
         written = write(list(before))
-        after = spec.model._base_manager.using(using).in_bulk(list(before))
-        by_operation: dict[str, list] = {}
-        for pk, was in before.items():
-            if pk not in after:
-                continue
-            change = _change(spec, pk, was, spec.last_values(after[pk]), names)
-            if change is not None:
-                event, operation = change
-                item = (event, spec.aggregate(pk))
-                by_operation.setdefault(operation, []).append(item)
-        for operation, items in by_operation.items():
-            publish_each(items, operation=operation, using=using)
+        _publish_rewritten(spec, before, using)
     return written
+
+
+def _publish_rewritten(spec: Tracking, before: dict, using: str) -> None:
+    """Read again the rows whose tracked values were ``before`` (by primary
+    key) and publish a change event per changed row, one INSERT per
+    operation."""
+    names = [f.attname for f in spec.fields]
+    after = spec.model._base_manager.using(using).in_bulk(list(before))
+    by_operation: dict[str, list] = {}
+    for pk, was in before.items():
+        if pk not in after:
+            continue
+        change = _change(spec, pk, was, spec.last_values(after[pk]), names)
+        if change is not None:
+            event, operation = change
+            by_operation.setdefault(operation, []).append((event, spec.aggregate(pk)))
+    for operation, items in by_operation.items():
+        publish_each(items, operation=operation, using=using)

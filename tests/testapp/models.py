@@ -65,6 +65,11 @@ class Account(RecordsEvents, models.Model):
         self.record(event_class(amount=amount))
 
 
+def fallback_category():
+    """Where a gadget's ``backup`` goes when its category is deleted."""
+    return Category.objects.get_or_create(title="fallback")[0].pk
+
+
 @track(
     aggregate_type="Gadget",
     soft_delete="removed_at",
@@ -80,6 +85,26 @@ class Gadget(models.Model):
     launched = models.DateField(null=True, blank=True)
     touched = models.DateTimeField(auto_now=True)
     removed_at = models.DateTimeField(null=True, blank=True)
+    # What deleting a category does to its gadgets: each on_delete that
+    # changes them (SET_NULL, SET_DEFAULT, SET) publishes their update.
+    category = models.ForeignKey(
+        Category, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    shelf = models.ForeignKey(
+        Category,
+        null=True,
+        blank=True,
+        default=None,
+        on_delete=models.SET_DEFAULT,
+        related_name="+",
+    )
+    backup = models.ForeignKey(
+        Category,
+        null=True,
+        blank=True,
+        on_delete=models.SET(fallback_category),
+        related_name="+",
+    )
 
 
 class GadgetProxy(Gadget):

@@ -521,3 +521,29 @@ def test_a_multi_table_child_publishes_its_tracked_parent_s_changes():
     ]
     first = OutboxEvent.objects.filter(event_type="GadgetUpdated").order_by("id")[0]
     assert first.payload["changed"] == {"price": "11.00"}
+
+
+def test_deleting_a_referenced_row_publishes_the_updates_on_delete_makes():
+    from tests.testapp.models import Gadget
+
+    old, other = (
+        Category.objects.create(title="old"),
+        Category.objects.create(title="o"),
+    )
+    Gadget.objects.create(name="A", category=old, shelf=other, backup=other)
+    Gadget.objects.create(name="B", shelf=old)
+    Gadget.objects.create(name="C", backup=old)
+    gadget_events()
+    old.delete()
+    fallback = Category.objects.get(title="fallback")
+    changed = sorted(
+        (payload["pk"], tuple(sorted(payload["changed"].items())))
+        for event_type, payload in gadget_events()
+        if event_type == "GadgetUpdated"
+    )
+    a, b, c = Gadget.objects.order_by("name").values_list("pk", flat=True)
+    assert changed == [
+        (a, (("category_id", None),)),
+        (b, (("shelf_id", None),)),
+        (c, (("backup_id", fallback.pk),)),
+    ]
