@@ -498,3 +498,52 @@ def test_broker_killed_mid_batch__paused_then_resumed_nothing_lost(tansu, unique
     received = set(event_ids(consume(tansu.servers, [unique])))
     missing = {str(r.id) for r in rows if r.id not in confirmed} - received
     assert not missing, f"{len(missing)} events lost"
+
+
+# --- docs/brokers.md ---------------------------------------------------------------
+
+
+def _kafka_blocks() -> list[str]:
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "brokers.md"
+    section = page.read_text().split("## Kafka\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+class _Handled(Exception):
+    pass
+
+
+def test_the_docs_settings_and_consumer_work_against_a_broker(
+    publishers, kafka_servers, monkeypatch
+):
+    """The section's settings block builds a publisher that sends, and its
+    consumer loop reads each event (stopped once it handled them all)."""
+    settings_block, consumer_block = _kafka_blocks()
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_servers)
+    namespace: dict = {}
+    exec(compile(settings_block, "docs/brokers.md", "exec"), namespace)
+    [(name, entry)] = namespace["OUTBOX_PUBLISHERS"].items()
+    sender = build_publisher(name, entry)
+    publishers.append(sender)
+    sent = [context(n, aggregate_id=str(n % 2)) for n in range(4)]
+    assert sender.send_batch(sent) == [None] * 4
+
+    wanted = {str(c.event_id) for c in sent}
+    handled: list[tuple[str, dict]] = []
+
+    def handle(event_type, data):
+        handled.append((event_type, data))
+        if len(handled) == len(sent):
+            raise _Handled
+
+    consumer_code = consumer_block.replace("127.0.0.1:9092", kafka_servers)
+    reader = {"seen_before": lambda source, event_id: event_id not in wanted}
+    reader["handle"] = handle
+    try:
+        with pytest.raises(_Handled):
+            exec(compile(consumer_code, "docs/brokers.md", "exec"), reader)
+    finally:
+        reader["consumer"].close()
+    assert sorted(d["number"] for _, d in handled) == [0, 1, 2, 3]
