@@ -79,6 +79,7 @@ MAX_TOPIC_LENGTH = 249
 #: The header of a structured-mode CloudEvent (CloudEvents Kafka protocol
 #: binding, section 3.2).
 CLOUDEVENTS_HEADERS = [("content-type", cloudevents.CONTENT_TYPE.encode())]
+NOT_INSTALLED = "confluent-kafka is not installed: pip install 'outbox_app[kafka]'"
 #: Topics kept sanitised, by rendered name (a bound on the cache).
 TOPIC_CACHE_SIZE = 4096
 #: Seconds a batch still waits for reports after librdkafka said every
@@ -140,8 +141,10 @@ class KafkaPublisher(Publisher):
     (``TOPIC_AUTHORIZATION_FAILED``, a policy) with
     :class:`~outbox_app.exceptions.MessageRejected`; each message starts with
     the error's name. A cluster that cannot be reached (every broker down),
-    a record with no report within ``DELIVERY_TIMEOUT``, or a producer
-    librdkafka declares fatally broken, fail the records still waiting with
+    a record with no report within ``DELIVERY_TIMEOUT``, a report of a
+    cluster error librdkafka retried until then (``NOT_ENOUGH_REPLICAS``,
+    ``NOT_LEADER_FOR_PARTITION``, ...: :data:`_CLUSTER_ERRORS`), or a
+    producer librdkafka declares fatally broken, fail the records with
     :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay pauses
     the publisher and counts no attempt); the producer is then dropped, and
     the next batch, or :meth:`probe`, builds a new one.
@@ -262,11 +265,7 @@ class KafkaPublisher(Publisher):
         try:
             producer = self._connect()
         except ImportError as exc:
-            error = failure(
-                PublisherUnavailable,
-                "confluent-kafka is not installed: pip install 'outbox_app[kafka]'",
-                exc,
-            )
+            error = failure(PublisherUnavailable, NOT_INSTALLED, exc)
             for index, *_ in ready:
                 flight.settle(index, error)
             return flight
@@ -367,7 +366,9 @@ class KafkaPublisher(Publisher):
                 producer.poll(0)  # the error callback: refused, fatal
                 if (self._fatal or self._down) is not None:
                     break
-        except Exception as exc:  # ImportError
+        except ImportError as exc:
+            raise failure(PublisherUnavailable, NOT_INSTALLED, exc) from exc
+        except Exception as exc:
             error = exc
         self._drop()
         reason = self._fatal or self._down or (_text(error) if error else "timeout")
@@ -547,14 +548,40 @@ class _QueueFull:
         return True
 
 
+#: Report errors of the cluster rather than of the record (librdkafka retried
+#: them until the record's timeout): an outage.
+_CLUSTER_ERRORS = frozenset(
+    {
+        "_MSG_TIMED_OUT",
+        "_TIMED_OUT",
+        "_TIMED_OUT_QUEUE",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_PURGE_QUEUE",
+        "_PURGE_INFLIGHT",
+        "_QUEUE_FULL",
+        "NOT_ENOUGH_REPLICAS",
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_FOR_PARTITION",
+        "BROKER_NOT_AVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "NETWORK_EXCEPTION",
+        "KAFKA_STORAGE_ERROR",
+        "UNKNOWN_PRODUCER_ID",
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+    }
+)
+
+
 def _outcome(publisher: KafkaPublisher, error: Any) -> BaseException | None:
     """The outcome of a record from its delivery report's ``error``."""
     if error is None:
         return None
     from confluent_kafka import KafkaError
 
-    code = error.code()
-    text = f"{error.name()}: {error.str()}"
+    code, name = error.code(), error.name()
+    text = f"{name}: {error.str()}"
     if code in (
         KafkaError.MSG_SIZE_TOO_LARGE,
         KafkaError.TOPIC_EXCEPTION,
@@ -566,21 +593,7 @@ def _outcome(publisher: KafkaPublisher, error: Any) -> BaseException | None:
             f"{text} (the topic does not exist and the cluster does not create "
             "it: create it, then requeue)"
         )
-    if (
-        error.fatal()
-        or error.retriable()
-        or code
-        in (
-            KafkaError._MSG_TIMED_OUT,
-            KafkaError._TIMED_OUT,
-            KafkaError._TRANSPORT,
-            KafkaError._ALL_BROKERS_DOWN,
-            KafkaError._PURGE_QUEUE,
-            KafkaError._PURGE_INFLIGHT,
-            KafkaError._QUEUE_FULL,
-            None,
-        )
-    ):
+    if error.fatal() or error.retriable() or name in _CLUSTER_ERRORS:
         return PublisherUnavailable(
             f"{text} (from the Kafka cluster {publisher.servers}; the record may "
             "or may not be in its topic)"

@@ -30,6 +30,7 @@ from django.utils import timezone
 from outbox_app import Delivery, publish
 from outbox_app.exceptions import (
     MessageRejected,
+    MessageUnroutable,
     PublisherUnavailable,
     UndeliverableMessage,
 )
@@ -178,6 +179,35 @@ def test_check_warns_without_confluent_kafka(monkeypatch):
     outcomes = built.send_batch(across_aggregates(2))
     assert all(isinstance(o, PublisherUnavailable) for o in outcomes)
     assert "pip install 'outbox_app[kafka]'" in str(outcomes[0])
+    with pytest.raises(PublisherUnavailable, match=re.escape("pip install")):
+        built.probe()
+
+
+@pytest.mark.parametrize(
+    "code, outcome",
+    [
+        ("MSG_SIZE_TOO_LARGE", UndeliverableMessage),
+        ("TOPIC_EXCEPTION", UndeliverableMessage),
+        ("UNKNOWN_TOPIC_OR_PART", MessageUnroutable),
+        ("_UNKNOWN_TOPIC", MessageUnroutable),
+        ("TOPIC_AUTHORIZATION_FAILED", MessageRejected),
+        ("INVALID_RECORD", MessageRejected),
+        ("_MSG_TIMED_OUT", PublisherUnavailable),
+        ("_PURGE_INFLIGHT", PublisherUnavailable),
+        ("NOT_ENOUGH_REPLICAS", PublisherUnavailable),  # retriable
+    ],
+)
+def test_a_delivery_reports_error_is_judged_by_its_code(code, outcome):
+    from confluent_kafka import KafkaError
+
+    from outbox_app.publishers.kafka import _outcome
+
+    built = KafkaPublisher("bus", {"BOOTSTRAP_SERVERS": "k:9092"})
+    error = KafkaError(getattr(KafkaError, code))
+    judged = _outcome(built, error)
+    assert type(judged) is outcome
+    assert str(judged).startswith(f"{code}: ")
+    assert _outcome(built, None) is None
 
 
 # --- against tansu ---------------------------------------------------------------
