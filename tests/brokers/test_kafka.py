@@ -121,6 +121,7 @@ def test_defaults():
     assert build_publisher("bus", {"BACKEND": BACKEND, "BOOTSTRAP_SERVERS": "k:1"})
 
 
+@pytest.mark.services("kafka")  # librdkafka checks CONFIG
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -183,6 +184,7 @@ def test_check_warns_without_confluent_kafka(monkeypatch):
         built.probe()
 
 
+@pytest.mark.services("kafka")  # confluent-kafka's errors
 @pytest.mark.parametrize(
     "code, outcome",
     [
@@ -474,6 +476,34 @@ def test_failed_reports_are_retried_then_delivered(tansu, tmp_path, unique, sett
     assert set(Delivery.objects.values_list("attempts", flat=True)) == {2}
     assert sorted(event_ids(consume(tansu.servers, [strict]))) == sorted(
         str(r.id) for r in rows
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("_close_publishers")
+def test_an_oversized_record_is_dead_lettered_alone_and_nothing_pauses(
+    kafka_servers, unique, settings
+):
+    settings.OUTBOX_PUBLISHERS = options(
+        kafka_servers, unique, CONFIG={"message.max.bytes": 10_000}
+    )
+    with transaction.atomic():
+        small = publish(OrderPlaced(order_id=1, total=decimal.Decimal(1)))[0]
+        big = publish({"event_type": "BlobStored", "payload": {"blob": "x" * 20_000}})[
+            0
+        ]
+        after = publish(OrderPlaced(order_id=2, total=decimal.Decimal(2)))[0]
+
+    report = deliver(kind="publisher")
+
+    assert (report.succeeded, report.failed, report.dead) == (2, 0, 1)
+    dead = Delivery.objects.get(event_id=big.id)
+    assert (dead.state, dead.attempts) == (State.DEAD, 1)
+    assert dead.last_error_type == "outbox_app.exceptions.UndeliverableMessage"
+    assert dead.last_error.startswith("MSG_SIZE_TOO_LARGE")
+    assert not SubscriberPause.objects.paused().exists()
+    assert sorted(event_ids(consume(kafka_servers, [unique]))) == sorted(
+        [str(small.id), str(after.id)]
     )
 
 
