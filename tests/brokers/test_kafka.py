@@ -16,6 +16,7 @@ import datetime
 import decimal
 import json
 import re
+import signal
 import time
 import uuid
 from collections import defaultdict
@@ -420,6 +421,22 @@ def stopped(relay: Watched) -> None:
     assert code == 0, relay.text()[-3000:]
 
 
+def delivered(relay: Watched, count: int) -> None:
+    """Wait until ``count`` deliveries are SUCCEEDED, then stop ``relay``
+    (SIGTERM): it must exit cleanly."""
+    try:
+        wait_for(
+            lambda: (
+                Delivery.objects.filter(state=State.SUCCEEDED).count() == count
+                or relay.process.poll() is not None
+            ),
+            60,
+            f"the relay to deliver {count} events",
+        )
+    finally:
+        stopped(relay)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_relay_process_sends_every_committed_event_once_in_order_per_key(
     kafka_servers, unique
@@ -429,21 +446,41 @@ def test_a_relay_process_sends_every_committed_event_once_in_order_per_key(
         publish(OrderPlaced(order_id=999, total=decimal.Decimal(1)))
         raise RuntimeError("rolled back: never published")
     relay = publisher_relay(options(kafka_servers, unique), batch_size=50)
-    try:
-        wait_for(
-            lambda: (
-                Delivery.objects.filter(state=State.SUCCEEDED).count() == 300
-                or relay.process.poll() is not None
-            ),
-            60,
-            "the relay to deliver 300 events",
-        )
-    finally:
-        stopped(relay)
+    delivered(relay, 300)
     assert_once_in_order(consume(kafka_servers, [unique]), rows)
     assert set(Delivery.objects.values_list("state", "attempts")) == {
         (State.SUCCEEDED, 1)
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigkill_between_report_and_mark__sent_again_never_lost(kafka_servers, unique):
+    """A relay killed after the cluster reported batch 1 delivered, before
+    its rows were marked: after the lease a second relay sends them again
+    (new records: idempotence spans one producer), and nothing is lost."""
+    rows = publish_orders(40)
+    lease = {"OUTBOX_TEST_LEASE": "2"}
+    killing = "tests.testapp.publishers.KillingKafkaPublisher"
+    killed = publisher_relay(
+        options(kafka_servers, unique, BACKEND=killing),
+        batch_size=8,
+        OUTBOX_TEST_KILL_AT="collect:1:after",
+        **lease,
+    )
+    try:
+        killed.process.wait(60)
+    finally:
+        code = killed.stop()
+    assert code == -signal.SIGKILL, killed.text()[-3000:]
+    assert not Delivery.objects.filter(state=State.SUCCEEDED).exists()
+
+    relay = publisher_relay(options(kafka_servers, unique), batch_size=8, **lease)
+    delivered(relay, 40)
+    received = event_ids(consume(kafka_servers, [unique]))
+    assert set(received) == {str(r.id) for r in rows}  # none lost
+    twice = [i for i in set(received) if received.count(i) > 1]
+    assert 8 <= len(twice) <= 16  # batch 1, and batch 2 if it got there
+    assert Delivery.objects.filter(attempts=2).count() >= len(twice)
 
 
 @pytest.mark.django_db(transaction=True)
