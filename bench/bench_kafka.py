@@ -16,6 +16,9 @@ port and stopped at the end. Per round, each run writing to a topic of its own:
 * **deliver()**: ``deliver()`` of a ``KafkaPublisher`` in this process over
   the same number of fanned-out PENDING deliveries: claim, read, encode,
   produce, collect the delivery reports, mark SUCCEEDED, until none is due;
+* **deliver(), no-op publisher**: the same loop with a publisher that sends
+  nothing and reports every message delivered: the relay's own share, the
+  ceiling of any publisher here;
 * **relay --once**: the real ``python -m django relay --once`` of a fresh
   project with default settings (``bench/settings.py``; the publisher from
   ``$BENCH_PUBLISHERS`` with its default options but the servers and topic),
@@ -56,11 +59,19 @@ from bench.bench_users import (  # noqa: E402
     start_up,
 )
 from outbox_app import OutboxEvent  # noqa: E402
+from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.publishers.kafka import KafkaPublisher  # noqa: E402
 from tests.brokers.tansu import Tansu  # noqa: E402
 
 PUBLISHER = "kafka"
 BACKEND = "outbox_app.publishers.kafka.KafkaPublisher"
+
+
+class NoopPublisher(Publisher):
+    """Reports every message delivered without sending it."""
+
+    def send_batch(self, messages):
+        return [None] * len(messages)
 
 
 def options(servers: str, topic: str) -> dict:
@@ -104,6 +115,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {
         "raw confluent-kafka": [],
         "deliver()": [],
+        "deliver(), no-op publisher": [],
         "relay --once": [],
     }
     empty: list[float] = []
@@ -126,6 +138,8 @@ def main() -> None:
             publisher = KafkaPublisher(PUBLISHER, options(servers, f"deliver{round_}"))
             rates["deliver()"].append(in_process(args.events, publisher))
             publisher.close()
+            noop = NoopPublisher(PUBLISHER, {})
+            rates["deliver(), no-op publisher"].append(in_process(args.events, noop))
             publish_backlog(args.events)
             seconds = relay_once(args.events, **env(f"relay{round_}"))
             rates["relay --once"].append(args.events / seconds)
