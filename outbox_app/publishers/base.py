@@ -187,6 +187,12 @@ class Publisher(Subscriber):
     def close(self) -> None:
         """Release connections. The relay calls it on shutdown."""
 
+    def missing_packages(self) -> list[str]:
+        """The ``pip install`` arguments of what this publisher needs to send
+        and cannot import (``"'outbox_app[kafka]'"``); ``manage.py check``
+        warns of each as ``outbox.W007``. The default: none."""
+        return []
+
     def warnings(self) -> list[str]:
         """What in this configuration works but risks a guarantee, one
         sentence each; ``manage.py check`` reports them as ``outbox.W005``.

@@ -1,5 +1,5 @@
-"""Fixtures for the broker tests: real RabbitMQ, Redis and NATS JetStream, no
-mocks.
+"""Fixtures for the broker tests: real RabbitMQ, Redis, NATS JetStream and a
+Kafka-protocol broker (tansu, started here), no mocks.
 
 Each test gets uniquely named exchanges, queues and streams and deletes them
 afterwards.
@@ -22,6 +22,7 @@ from outbox_app.subscribers import DeliveryContext
 from tests.conftest import require_service
 
 from .proxy import TcpProxy
+from .tansu import Tansu
 
 RABBITMQ = ("127.0.0.1", 5672)
 NATS = ("127.0.0.1", 4222)
@@ -48,6 +49,29 @@ def redis_url() -> str:
 def nats_url() -> str:
     require_service("nats")
     return NATS_URL
+
+
+@pytest.fixture(scope="session")
+def _session_tansu() -> Iterator[Tansu]:
+    require_service("kafka")
+    with Tansu() as broker:
+        yield broker
+
+
+@pytest.fixture
+def kafka_servers(_session_tansu) -> str:
+    """The ``BOOTSTRAP_SERVERS`` of a tansu broker this test session started
+    on a free port (shared by the session's tests: each uses topics of its
+    own)."""
+    return _session_tansu.servers
+
+
+@pytest.fixture
+def tansu(kafka_servers) -> Iterator[Tansu]:
+    """A tansu broker of this test's own, started, which it may stop and
+    start again (on the same port)."""
+    with Tansu() as broker:
+        yield broker
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import signal
 from collections import Counter
 
 from outbox_app.publishers.celery import CeleryPublisher
+from outbox_app.publishers.kafka import KafkaPublisher
 from outbox_app.publishers.kombu import KombuPublisher
 from outbox_app.publishers.nats import JetStreamPublisher
 
@@ -48,3 +49,7 @@ class KillingJetStreamPublisher(Killing, JetStreamPublisher):
 
 class KillingCeleryPublisher(Killing, CeleryPublisher):
     pass
+
+
+class KillingKafkaPublisher(Killing, KafkaPublisher):
+    """A KafkaPublisher killed at ``OUTBOX_TEST_KILL_AT``."""

