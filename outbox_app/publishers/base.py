@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from ..events.codec import dumps
 from ..exceptions import DeliveryError, UndeliverableMessage
 from ..subscribers import WILDCARD, DeliveryContext, Kind, Subscriber
 from . import cloudevents, corewrite
@@ -61,9 +62,19 @@ class WireFormat:
     default_key: str | None = None
 
 
+def _payload_body(context: DeliveryContext) -> bytes:
+    """The payload alone, as compact UTF-8 JSON: the value Debezium's outbox
+    event router sends (its event id and type go in the message's headers
+    or properties)."""
+    if not context.event_type:
+        raise ValueError(f"outbox event {context.event_id} has no event type")
+    return dumps(context.payload)
+
+
 #: ``FORMAT`` -> the wire format: CloudEvents 1.0 structured mode (the
-#: default; ``publishers/cloudevents.py``) or the CoreWrite JSON object
-#: (``publishers/corewrite.py``).
+#: default; ``publishers/cloudevents.py``), the CoreWrite JSON object
+#: (``publishers/corewrite.py``), or the payload alone as Debezium's outbox
+#: event router sends it (``debezium``).
 FORMATS = {
     "cloudevents": WireFormat(
         cloudevents.CONTENT_TYPE, cloudevents.body, lambda operation: operation
@@ -73,6 +84,9 @@ FORMATS = {
         corewrite.body,
         lambda operation: corewrite.operation(operation).lower(),
         "{dimension}.{operation}",
+    ),
+    "debezium": WireFormat(
+        corewrite.CONTENT_TYPE, _payload_body, lambda operation: operation
     ),
 }
 

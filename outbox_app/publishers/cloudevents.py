@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from ..events.codec import dumps
 from ..exceptions import UndecodableMessage
 from ..subscribers import DeliveryContext
 
@@ -145,22 +146,14 @@ def _text(value: Any) -> str:
 
 
 def body(context: DeliveryContext) -> bytes:
-    """The envelope of :func:`to_cloudevent` as compact UTF-8 JSON: the
-    message body publishers send.
-
-    Encoded with orjson (about 20x the standard library's ``json.dumps`` for
-    an envelope, bench/RESULTS.md); a payload orjson refuses (an integer
-    beyond 64 bits, which Python's ``json`` stores) falls back to the standard
-    library, so every stored payload is sent unchanged.
+    """The envelope of :func:`to_cloudevent` as compact UTF-8 JSON
+    (:func:`~outbox_app.events.codec.dumps`): the message body publishers
+    send.
 
     Raises:
         ValueError: no event type (see :func:`to_cloudevent`).
     """
-    envelope = to_cloudevent(context)
-    try:
-        return orjson.dumps(envelope)
-    except TypeError:
-        return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode()
+    return dumps(to_cloudevent(context))
 
 
 #: The attributes every CloudEvent has (core spec, "Required Attributes").

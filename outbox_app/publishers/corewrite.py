@@ -44,8 +44,7 @@ import datetime
 import json
 from typing import Any
 
-import orjson
-
+from ..events.codec import dumps
 from ..subscribers import DeliveryContext
 
 CONTENT_TYPE = "application/json"
@@ -101,13 +100,9 @@ def to_corewrite(context: DeliveryContext) -> dict[str, Any]:
 
 
 def body(context: DeliveryContext) -> bytes:
-    """:func:`to_corewrite` as compact UTF-8 JSON (the standard library for a
-    payload orjson refuses, as the CloudEvents body)."""
-    event = to_corewrite(context)
-    try:
-        return orjson.dumps(event)
-    except TypeError:
-        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    """:func:`to_corewrite` as compact UTF-8 JSON
+    (:func:`~outbox_app.events.codec.dumps`)."""
+    return dumps(to_corewrite(context))
 
 
 def _tracked(context: DeliveryContext) -> dict[str, Any] | None:

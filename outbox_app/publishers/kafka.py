@@ -23,14 +23,11 @@ builds a new one for the next batch.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import orjson
 
 from ..conf import positive_number
 from ..exceptions import (
@@ -40,7 +37,6 @@ from ..exceptions import (
     UndeliverableMessage,
 )
 from ..subscribers import DeliveryContext
-from . import cloudevents
 from .base import (
     COMMON_OPTIONS,
     Publisher,
@@ -49,11 +45,11 @@ from .base import (
     failure,
     render,
     template_fields,
+    wire_format,
 )
 
 DEFAULT_TOPIC = "{aggregate_type}"
 DEFAULT_KEY = "{aggregate_id}"
-FORMATS = ("cloudevents", "debezium")
 OWN_OPTIONS = frozenset(
     {"BOOTSTRAP_SERVERS", "TOPIC", "KEY", "FORMAT", "CONFIG", "DELIVERY_TIMEOUT"}
 )
@@ -76,9 +72,6 @@ RESERVED_CONFIG = frozenset(
 #: A topic name: at most 249 of these characters, not ``.`` or ``..``.
 TOPIC_CHARACTER = re.compile(r"[^a-zA-Z0-9._-]")
 MAX_TOPIC_LENGTH = 249
-#: The header of a structured-mode CloudEvent (CloudEvents Kafka protocol
-#: binding, section 3.2).
-CLOUDEVENTS_HEADERS = [("content-type", cloudevents.CONTENT_TYPE.encode())]
 NOT_INSTALLED = "confluent-kafka is not installed: pip install 'outbox_app[kafka]'"
 #: Topics kept sanitised, by rendered name (a bound on the cache).
 TOPIC_CACHE_SIZE = 4096
@@ -118,10 +111,13 @@ class KafkaPublisher(Publisher):
     ``FORMAT`` (default ``"cloudevents"``)
         ``"cloudevents"``: the value is the event's CloudEvents JSON envelope
         (:func:`~outbox_app.publishers.cloudevents.body`), structured mode, with
-        the header ``content-type: application/cloudevents+json``.
-        ``"debezium"``: the value is the payload's JSON, with the headers
-        ``id`` (the event id) and ``eventType``, as Debezium's outbox event
-        router sends.
+        the header ``content-type: application/cloudevents+json`` (CloudEvents
+        Kafka protocol binding, section 3.2). ``"debezium"``: the value is the
+        payload's JSON, with the headers ``id`` (the event id) and
+        ``eventType``, as Debezium's outbox event router sends.
+        ``"corewrite"``: the CoreWrite JSON object
+        (:mod:`~outbox_app.publishers.corewrite`), header ``content-type:
+        application/json``.
     ``DELIVERY_TIMEOUT`` (default ``10``)
         Seconds a record may take from :meth:`send` to its delivery report
         (librdkafka's ``message.timeout.ms``), and the bound on
@@ -179,9 +175,7 @@ class KafkaPublisher(Publisher):
                 "'BOOTSTRAP_SERVERS' is required: 'host:9092' or a list of "
                 f"'host:port', got {servers!r}",
             )
-        output = options.get("FORMAT", "cloudevents")
-        if output not in FORMATS:
-            raise config_error(name, f"'FORMAT' must be one of {FORMATS}: {output!r}")
+        self.wire = wire_format(name, options)
         timeout = options.get("DELIVERY_TIMEOUT", 10)
         if not positive_number(timeout):
             raise config_error(
@@ -205,7 +199,7 @@ class KafkaPublisher(Publisher):
         self._topic_fields = template_fields(name, "TOPIC", self.topic)
         self.key = options.get("KEY", DEFAULT_KEY)
         self._key_fields = template_fields(name, "KEY", self.key)
-        self.format = output
+        self.format = options.get("FORMAT", "cloudevents")
         self.delivery_timeout = float(timeout)
         self.config = {
             "client.id": f"outbox-{name}",
@@ -402,17 +396,18 @@ class KafkaPublisher(Publisher):
     def _encode(
         self, context: DeliveryContext
     ) -> tuple[str, bytes | None, bytes, list]:
-        topic = self._topic_of(render(self.topic, self._topic_fields, context))
-        key = render(self.key, self._key_fields, context).encode() or None
-        if self.format == "cloudevents":
-            return topic, key, cloudevents.body(context), CLOUDEVENTS_HEADERS
-        if not context.event_type:
-            raise ValueError(f"outbox event {context.event_id} has no event type")
-        headers = [
-            ("id", str(context.event_id).encode()),
-            ("eventType", context.event_type.encode()),
-        ]
-        return topic, key, _json(context.payload), headers
+        wire = self.wire
+        topic = self._topic_of(render(self.topic, self._topic_fields, context, wire))
+        key = render(self.key, self._key_fields, context, wire).encode() or None
+        value = wire.body(context)
+        if self.format == "debezium":  # as Debezium's outbox event router
+            headers = [
+                ("id", str(context.event_id).encode()),
+                ("eventType", context.event_type.encode()),
+            ]
+        else:
+            headers = [("content-type", wire.content_type.encode())]
+        return topic, key, value, headers
 
     def _topic_of(self, rendered: str) -> str:
         """``rendered`` in Kafka's topic alphabet.
@@ -633,15 +628,6 @@ class _Refused:
 
     def retriable(self) -> bool:
         return False
-
-
-def _json(payload: Any) -> bytes:
-    """``payload`` as compact UTF-8 JSON (orjson; the standard library for
-    what orjson refuses, an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(payload)
-    except TypeError:
-        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _text(exc: BaseException) -> str:
