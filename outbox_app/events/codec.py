@@ -28,6 +28,7 @@ from django.utils.dateparse import (
 
 from ..exceptions import (
     EventDecodeError,
+    InvalidEvent,
     InvalidPayload,
     PayloadTooLarge,
 )
@@ -81,6 +82,10 @@ class EncodedEvent:
     payload_text: str = "{}"
 
 
+#: The keys of an event given to ``publish()`` as a mapping.
+EVENT_KEYS = frozenset({"event_type", "payload", "revision", "id"})
+
+
 def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
     """Validate and encode one event for storage.
 
@@ -98,6 +103,8 @@ def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
         them, but with full microsecond precision).
 
     Raises:
+        InvalidEvent: a mapping with a key not in :data:`EVENT_KEYS` (a typo
+            such as ``paylod``).
         InvalidEventType: bad type name.
         InvalidPayload: not a dataclass or mapping, or a field that JSON cannot
             encode (``.field`` names it).
@@ -108,6 +115,13 @@ def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
         event_type, revision = type(event).event_type, type(event).revision
         payload = _fields_of(event)
     elif isinstance(event, Mapping):
+        unknown = sorted(map(str, set(event) - EVENT_KEYS))
+        if unknown:
+            raise InvalidEvent(
+                f"an event mapping has unknown key(s) {unknown}; it takes "
+                f"{sorted(EVENT_KEYS)} (the aggregate, headers and schedule are "
+                "publish()'s arguments); nothing was written"
+            )
         event_type = event.get("event_type")
         revision = event.get("revision", 1)
         payload = event.get("payload", {})

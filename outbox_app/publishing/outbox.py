@@ -162,8 +162,10 @@ def publish(
             alias. Nothing is written.
         InvalidEventType, InvalidPayload, PayloadTooLarge, InvalidSchedule: bad
             input, checked before the INSERT. Nothing is written.
-        InvalidEvent: an ``operation`` that is not a string of 1 to 32
-            characters; an aggregate type or id, a ``tenant_id`` or an
+        InvalidEvent: an event mapping with a key other than ``event_type``,
+            ``payload``, ``revision`` and ``id`` (a typo: ``paylod``); an
+            ``aggregate_version`` that is not an integer; an ``operation``
+            that is not a string of 1 to 32 characters; an aggregate type or id, a ``tenant_id`` or an
             ``operation`` holding a NUL character or a lone surrogate, or
             longer than its column (150, 255, 255 characters): no database
             stores them alike. Nothing is written.
@@ -175,6 +177,13 @@ def publish(
     """
     alias = _alias(aggregate, using)
     _require_transaction(alias)
+    if aggregate_version is not None and (
+        not isinstance(aggregate_version, int) or isinstance(aggregate_version, bool)
+    ):
+        raise InvalidEvent(
+            f"aggregate_version must be an integer or None, got "
+            f"{aggregate_version!r}; nothing was written"
+        )
     extras = _schedule(deliver_at, expires_at)
     if operation is not None:
         if not isinstance(operation, str) or not operation:

@@ -511,3 +511,21 @@ def test_publish__errors_are_classified_by_constraint_not_by_message_text(
             {"event_type": "OrderPlaced", "payload": {"order_id": 3, "total": "1"},
              "id": row.id}
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("event", "kwargs", "message"),
+    [
+        ({"event_type": "Noted", "paylod": {}}, {}, r"unknown key\(s\) \['paylod'\]"),
+        ({"event_type": "Noted", "aggregate": "x"}, {}, r"\['aggregate'\]"),
+        ({"event_type": "Noted"}, {"aggregate_version": "3"}, "aggregate_version"),
+        ({"event_type": "Noted"}, {"aggregate_version": True}, "aggregate_version"),
+        ({"event_type": "Noted", "revision": "2"}, {}, "revision"),
+    ],
+)
+def test_a_misspelt_key_or_a_wrong_type_is_refused_at_the_call(event, kwargs, message):
+    from outbox_app.exceptions import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match=message), transaction.atomic():
+        publish(event, aggregate=("shop.Order", "1"), **kwargs)
+    assert not OutboxEvent.objects.exists()
