@@ -94,11 +94,11 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """Publishers can be built; handlers listen to event types that exist."""
     from django.core.exceptions import ImproperlyConfigured
 
-    from ..events.types import registered_event_types
     from ..publishers.base import build_publisher
     from ..relay.registry import handlers
 
     messages: list[checks.CheckMessage] = []
+    built = []
     if valid_publishers(outbox_settings.raw("PUBLISHERS")):
         for name, options in outbox_settings.PUBLISHERS.items():
             try:
@@ -112,6 +112,7 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                     )
                 )
                 continue
+            built.append(publisher)
             messages.extend(
                 checks.Warning(
                     f"publisher {name!r}: {mask_url(warning)}",
@@ -130,18 +131,95 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 )
                 for package in publisher.missing_packages()
             )
-    known = registered_event_types()
-    for handler in handlers():
-        for event_type in sorted(handler.event_types - known):
+    for subscriber in [*handlers(), *built]:
+        for event_type in sorted((subscriber.event_types or set()) - known_types()):
             messages.append(
                 checks.Warning(
-                    f"handler {handler.name!r} is registered for event type "
-                    f"{event_type!r}, which no Event class defines.",
+                    f"{subscriber.kind} {subscriber.name!r} is registered for event "
+                    f"type {event_type!r}, which no Event class or tracked model "
+                    "defines.",
                     hint="Fine for events published as mappings; otherwise check "
                     "the spelling or import the module that defines the class.",
                     id="outbox.W002",
                 )
             )
+    return messages
+
+
+def known_types() -> frozenset[str]:
+    """The event types this process defines: its Event classes, its tracked
+    models' change events and enqueued Celery tasks."""
+    from ..events.types import registered_event_types
+    from ..publishing.enqueue import TASK_EVENT_TYPE
+    from ..publishing.tracking import tracked_models
+
+    tracked = {
+        spec.event_type(operation)
+        for spec in tracked_models()
+        for operation in spec.suffixes
+    }
+    return registered_event_types() | tracked | {TASK_EVENT_TYPE}
+
+
+@checks.register("outbox", checks.Tags.models)
+def check_recording_models(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``RecordsEvents`` comes before ``models.Model`` in a model's bases:
+    after it, Django's ``save()`` runs instead and recorded events are never
+    published."""
+    from django.apps import apps
+    from django.db import models
+
+    from ..publishing.aggregates import RecordsEvents
+
+    return [
+        checks.Error(
+            f"{model._meta.label} lists RecordsEvents after models.Model: its "
+            "save() is Django's, and the events it records are never published.",
+            hint=f"class {model.__name__}(RecordsEvents, models.Model): ...",
+            obj=model,
+            id="outbox.E027",
+        )
+        for config in (app_configs or apps.get_app_configs())
+        for model in config.get_models()
+        if issubclass(model, RecordsEvents)
+        and model.__mro__.index(models.Model) < model.__mro__.index(RecordsEvents)
+    ]
+
+
+@checks.register("outbox", checks.Tags.database)
+def check_subscriptions(app_configs=None, databases=None, **kwargs):
+    """Under ``check --database``: a subscription no handler or publisher of
+    this process has (one removed from the code or settings) still gets
+    deliveries that nobody makes."""
+    from django.db import DatabaseError
+
+    from ..relay.registry import handlers, publishers
+    from ..store.models import Subscription
+
+    messages: list[checks.CheckMessage] = []
+    known = {s.name for s in [*handlers(), *publishers()]}
+    known |= {alias for s in [*handlers(), *publishers()] for alias in s.aliases}
+    for alias in databases or ():
+        try:
+            live = set(
+                Subscription.objects.using(alias)
+                .filter(retired_at__isnull=True)
+                .values_list("subscriber", flat=True)
+            )
+        except DatabaseError:  # not migrated yet
+            continue
+        messages.extend(
+            checks.Warning(
+                f"subscription {name!r} (database {alias!r}) is live, but no "
+                "handler or publisher of this process has that name: its "
+                "deliveries wait for a relay that will never make them.",
+                hint=f"Once no deployed code has it, retire it: python manage.py "
+                f"outbox_subscribers --retire {name} (or rename it back, or "
+                "list the old name in ALIASES).",
+                id="outbox.W008",
+            )
+            for name in sorted(live - known)
+        )
     return messages
 
 

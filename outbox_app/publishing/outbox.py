@@ -165,10 +165,10 @@ def publish(
         InvalidEvent: an event mapping with a key other than ``event_type``,
             ``payload``, ``revision`` and ``id`` (a typo: ``paylod``); an
             ``aggregate_version`` that is not an integer; an ``operation``
-            that is not a string of 1 to 32 characters; an aggregate type or id, a ``tenant_id`` or an
-            ``operation`` holding a NUL character or a lone surrogate, or
-            longer than its column (150, 255, 255 characters): no database
-            stores them alike. Nothing is written.
+            that is not a string of 1 to 32 characters; an aggregate type or
+            id, a ``tenant_id`` or an ``operation`` holding a NUL character
+            or a lone surrogate, or longer than its column (150, 255, 255
+            characters): no database stores them alike. Nothing is written.
         DuplicateAggregateVersion: the aggregate already has one of these versions.
         DuplicateOutboxEvent: an event id already exists.
         django.db.DatabaseError: any other database error, unchanged. As with any

@@ -482,3 +482,18 @@ def test_a_running_relay_honours_a_pause_without_a_restart():
     finally:
         relay.send_signal(signal.SIGTERM)
         relay.communicate(timeout=60)
+
+
+def test_check_names_a_live_subscription_no_subscriber_here_has(handlers):
+    from outbox_app.ops.checks import check_subscriptions
+
+    handlers("record")
+    record_elsewhere()  # "elsewhere": a subscriber this process does not have
+    [warning] = check_subscriptions(databases=["default"])
+    assert warning.id == "outbox.W008" and "'elsewhere'" in warning.msg
+    assert "outbox_subscribers --retire elsewhere" in warning.hint
+    call_command(
+        "outbox_subscribers", "--retire", "elsewhere", "--force", "--waiting", "keep"
+    )
+    assert check_subscriptions(databases=["default"]) == []
+    assert check_subscriptions() == []  # without --database: no query

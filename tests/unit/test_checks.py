@@ -266,3 +266,35 @@ def test_the_relay_refuses_a_malformed_url_masked(settings, caplog):
     assert SECRET not in str(raised.value)
     assert "amqp://user:**@host:notaport//" in str(raised.value)
     assert not [r for r in caplog.records if SECRET in r.getMessage()]
+
+
+def test_a_publisher_for_a_misspelt_event_type_is_warned_of(settings):
+    settings.OUTBOX_PUBLISHERS = {
+        "bus": {"URL": "memory://", "EVENT_TYPES": ["OrderPlaced", "OrderPlacd"]},
+        "gadgets": {"URL": "memory://", "EVENT_TYPES": ["GadgetForceDeleted"]},
+    }
+    warned = [m for m in check_subscribers() if m.id == "outbox.W002"]
+    assert [m.msg.split(",")[0] for m in warned] == [
+        "publisher 'bus' is registered for event type 'OrderPlacd'"
+    ]
+
+
+def test_records_events_after_models_model_is_an_error():
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from outbox_app import RecordsEvents
+    from outbox_app.ops.checks import check_recording_models
+
+    with isolate_apps("tests.testapp") as apps:
+
+        class Inert(models.Model, RecordsEvents):
+            class Meta:
+                app_label = "testapp"
+
+        class Fine(RecordsEvents, models.Model):
+            class Meta:
+                app_label = "testapp"
+
+        [error] = check_recording_models([apps.get_app_config("testapp")])
+    assert error.id == "outbox.E027" and error.obj is Inert
