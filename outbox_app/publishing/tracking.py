@@ -60,6 +60,7 @@ import contextlib
 import contextvars
 import datetime
 import functools
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -73,10 +74,12 @@ from django.db.models.signals import post_delete, pre_delete
 from django.db.models.sql.constants import LOUTER
 from django.utils import timezone
 
+from ..conf import outbox_settings
+from ..events.codec import to_json
 from ..events.types import validate_event_type
-from ..exceptions import UntrackedWrite
+from ..exceptions import PayloadTooLarge, UntrackedWrite
 from ..store.db import lock_waiting
-from .outbox import publish, publish_each
+from .outbox import publish_each
 
 #: The operations of a tracked model and their event types' default suffix.
 SUFFIXES = {
@@ -365,9 +368,7 @@ def _publish_save(spec, instance, before, update_fields, using) -> None:
         if change is None:
             return
         event, operation = change
-    publish(
-        event, aggregate=spec.aggregate(instance.pk), operation=operation, using=using
-    )
+    _publish([(event, spec.aggregate(instance.pk))], operation, using)
 
 
 def _change(
@@ -406,7 +407,55 @@ def _deleted(sender, instance, using, **kwargs) -> None:
     if buffer is not None:
         buffer.append((using, item))
     else:
-        publish_each([item], operation="delete", using=using)
+        _publish([item], "delete", using)
+
+
+def _publish(items: list, operation: str, using: str) -> None:
+    """``publish_each`` of change events; one over ``OUTBOX_MAX_PAYLOAD_BYTES``
+    is published :func:`_fitted`, never refused: the row is saved and its
+    event names what it left out. (publish_each checks every payload before
+    its INSERT, so a refusal wrote nothing and the call is made again.)"""
+    try:
+        publish_each(items, operation=operation, using=using)
+    except PayloadTooLarge:
+        fitted_items = [(_fitted(event), aggregate) for event, aggregate in items]
+        publish_each(fitted_items, operation=operation, using=using)
+
+
+def _fitted(event: dict[str, Any]) -> dict[str, Any]:
+    """A change event within ``OUTBOX_MAX_PAYLOAD_BYTES``: its largest tracked
+    values left out (from ``values``, or from ``changed`` and ``previous``
+    alike), largest first, until it fits, and named in ``"omitted"`` (sorted)
+    so a subscriber knows to read them from the source. An event that fits
+    is returned as it is; one that cannot fit even so is left for
+    ``publish()`` to refuse (PayloadTooLarge)."""
+    limit = outbox_settings.MAX_PAYLOAD_BYTES
+    label = event["event_type"]
+
+    def size(data: dict[str, Any]) -> int:
+        return len(to_json(data, label, sys.maxsize)[1].encode())
+
+    payload = event["payload"]
+    if size(payload) <= limit:
+        return event
+    parts = [part for part in ("values", "changed", "previous") if part in payload]
+    payload = {**payload, **{part: dict(payload[part]) for part in parts}}
+    names = {name for part in parts for name in payload[part]}
+
+    def weight(name: str) -> int:
+        return sum(
+            size({name: payload[part][name]}) for part in parts if name in payload[part]
+        )
+
+    omitted: list[str] = []
+    for name in sorted(names, key=weight, reverse=True):
+        for part in parts:
+            payload[part].pop(name, None)
+        omitted.append(name)
+        payload["omitted"] = sorted(omitted)
+        if size(payload) <= limit:
+            break
+    return {**event, "payload": payload}
 
 
 def _event(spec: Tracking, operation: str, pk: Any, **payload: Any) -> dict[str, Any]:
@@ -511,7 +560,7 @@ def _buffer():
             by_alias.setdefault(using, []).append(item)
         buffer.clear()
         for using, items in by_alias.items():
-            publish_each(items, operation="delete", using=using)
+            _publish(items, "delete", using)
 
     try:
         yield flush
@@ -547,7 +596,7 @@ def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
             "does not return the new primary keys, so no Created event could name "
             "its row; nothing was written. save() each object instead"
         )
-    publish_each(
+    _publish(
         [
             (
                 _event(spec, "create", obj.pk, values=spec.values(obj, using)),
@@ -555,8 +604,8 @@ def _publish_created(spec: Tracking, objs: Sequence[models.Model], using: str):
             )
             for obj in objs
         ],
-        operation="create",
-        using=using,
+        "create",
+        using,
     )
 
 
@@ -642,4 +691,4 @@ def _publish_rewritten(spec: Tracking, before: dict, using: str) -> None:
             event, operation = change
             by_operation.setdefault(operation, []).append((event, spec.aggregate(pk)))
     for operation, items in by_operation.items():
-        publish_each(items, operation=operation, using=using)
+        _publish(items, operation, using)

@@ -547,3 +547,26 @@ def test_deleting_a_referenced_row_publishes_the_updates_on_delete_makes():
         (b, (("shelf_id", None),)),
         (c, (("backup_id", fallback.pk),)),
     ]
+
+
+def test_a_row_over_the_payload_cap_is_saved_with_its_largest_values_omitted(
+    settings,
+):
+    settings.OUTBOX_MAX_PAYLOAD_BYTES = 180  # the row's values take about 220
+    product = Product.objects.create(name="x" * 45, price=1, leaflet="l" * 90)
+    [created] = events()
+    assert created.payload["omitted"] == ["leaflet"]
+    assert "leaflet" not in created.payload["values"]
+    assert created.payload["values"]["name"] == "x" * 45
+    OutboxEvent.objects.all().delete()
+    product.leaflet = "m" * 90
+    product.price = 2
+    product.save()
+    [updated] = events()
+    assert updated.payload["omitted"] == ["leaflet"]
+    assert updated.payload["changed"] == {"price": "2.00"}
+    assert updated.payload["previous"] == {"price": "1.00"}
+    assert Product.objects.get().leaflet.name == "m" * 90  # the row is whole
+    OutboxEvent.objects.all().delete()
+    Product.objects.filter(pk=product.pk).update(leaflet="n" * 90)
+    assert [e.payload["omitted"] for e in events()] == [["leaflet"]]
