@@ -77,7 +77,7 @@ def subscribed_types(
             _recorded[key] = time.monotonic()
             due = True
     if due:
-        rows.record(subscribers, worker_name())
+        rows.record(subscribers, worker_name(), started=last is None)
         stored = _read(rows)
     active = {pair for pair, retired in stored.items() if not retired}
     for pair in sorted(local - active):

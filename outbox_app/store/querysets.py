@@ -293,6 +293,9 @@ class SubscriberPauseQuerySet(QuerySet):
         return self.filter(resumed_at__isnull=True, resume_at__gte=now - stale)
 
 
+#: How ``retired_by`` of a subscription retired by a narrowing of its
+#: subscriber's event types starts (``SubscriptionQuerySet.record``).
+NARROWED = "event types narrowed"
 #: How often a relay refreshes ``last_seen_at`` on the subscriptions it has.
 HEARTBEAT_SECONDS = 60
 #: A subscription no relay has refreshed for this long has no relay serving it
@@ -352,6 +355,7 @@ class SubscriptionQuerySet(QuerySet):
         worker: str,
         now: datetime.datetime | None = None,
         heartbeat: bool = True,
+        started: bool = False,
     ) -> None:
         """Record that a process has ``subscribers`` (:class:`~outbox_app.
         subscribers.Subscriber` values): one row per subscriber and event type
@@ -359,14 +363,22 @@ class SubscriptionQuerySet(QuerySet):
         ``last_seen_at`` refreshed when older than :data:`HEARTBEAT_SECONDS`
         (with ``heartbeat``); the rows of a subscriber's ``aliases`` (its
         former names) are retired, so a renamed subscriber is not fanned out
-        to twice."""
+        to twice.
+
+        With ``started`` (a relay's first record, ``outbox_subscribers
+        --record``) the process's event types win: a live row of one of its
+        subscribers for a type it no longer takes is retired (its
+        ``EVENT_TYPES`` were narrowed; ``retired_by`` starts with
+        :data:`NARROWED`), and a row such a narrowing retired comes back
+        when the type is taken again. An operator's retire is left alone,
+        and so are older relays' heartbeats: the newest start decides."""
         reissued_on_deadlock(
             self.db,
-            lambda: self._record(list(subscribers), worker, now, heartbeat),
+            lambda: self._record(list(subscribers), worker, now, heartbeat, started),
             "recording subscriptions",
         )
 
-    def _record(self, subscribers, worker, now, heartbeat) -> None:
+    def _record(self, subscribers, worker, now, heartbeat, started=False) -> None:
         # Relays starting side by side insert the same rows: on MariaDB two
         # INSERT IGNOREs of one key can deadlock (a shared lock on the
         # duplicate, then each waits to insert), so the caller reissues.
@@ -392,6 +404,17 @@ class SubscriptionQuerySet(QuerySet):
             self.active().filter(subscriber=alias).update(
                 retired_at=now, retired_by=f"renamed to {name}"[:255]
             )
+        if started:
+            for s in subscribers:
+                taken = sorted(s.event_types or (WILDCARD,))
+                self.active().filter(subscriber=s.name).exclude(
+                    event_type__in=taken
+                ).update(retired_at=now, retired_by=f"{NARROWED} by {worker}"[:255])
+                self.filter(
+                    subscriber=s.name,
+                    event_type__in=taken,
+                    retired_by__startswith=NARROWED,
+                ).update(retired_at=None, retired_by="")
 
     def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
         """Insert the missing ``rows`` (a retired row stays retired); refresh

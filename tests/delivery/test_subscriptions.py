@@ -497,3 +497,22 @@ def test_check_names_a_live_subscription_no_subscriber_here_has(handlers):
     )
     assert check_subscriptions(databases=["default"]) == []
     assert check_subscriptions() == []  # without --database: no query
+
+
+def test_narrowing_a_subscribers_types_takes_effect_at_the_next_start():
+    wide = Handler(name="bus", event_types=None)  # every type
+    narrow = Handler(name="bus", event_types=frozenset({"OrderPlaced"}))
+    rows = Subscription.objects
+    rows.record([wide], "relay:1", started=True)
+    rows.record([narrow], "relay:2", started=True)  # deployed narrowed
+    live = rows.filter(subscriber="bus", retired_at__isnull=True)
+    assert list(live.values_list("event_type", flat=True)) == ["OrderPlaced"]
+    # The older relay's heartbeat does not widen it again...
+    rows.record([wide], "relay:1")
+    assert list(live.values_list("event_type", flat=True)) == ["OrderPlaced"]
+    # ...a start with the wide list does: a narrowing is undone, an
+    # operator's retire is not.
+    rows.filter(subscriber="bus", event_type="OrderPlaced").retire("ops")
+    rows.record([wide], "relay:3", started=True)
+    assert list(live.values_list("event_type", flat=True)) == ["*"]
+    assert rows.get(subscriber="bus", event_type="OrderPlaced").retired_by == "ops"

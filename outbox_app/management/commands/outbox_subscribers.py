@@ -136,7 +136,9 @@ class Command(BaseCommand):
             return
         if options["record"]:
             subscribers = registry.subscribers()
-            rows.record(subscribers, f"outbox_subscribers {worker_name()}")
+            rows.record(
+                subscribers, f"outbox_subscribers {worker_name()}", started=True
+            )
             found = inbox.consumers()
             consumers.record(found, f"outbox_subscribers {worker_name()}")
             n, m = len(subscribers), len(found)
