@@ -304,3 +304,43 @@ def test_a_row_deleted_before_the_reader_gets_to_it_is_still_streamed(wal):
 
     assert (insert.op, insert.id, insert.row) == ("INSERT", event.id, row)
     assert (delete.op, delete.id) == ("DELETE", event.id)
+
+
+def test_the_documented_connector_sends_what_the_wal_carries(wal):
+    """docs/cdc.md's connector places columns in headers by name: each is a
+    column of the outbox table, and the INSERT of a tracked-style, acted,
+    scheduled event carries the operation, who acted and the schedule."""
+    import json
+
+    from outbox_app import acting
+    from tests.docs.blocks import ROOT, blocks
+
+    [connector] = [
+        json.loads(b.code)
+        for b in blocks(ROOT / "docs" / "cdc.md")
+        if b.tag == "json" and "connector.class" in b.code
+    ]
+    placement = connector["config"][
+        "transforms.outbox.table.fields.additional.placement"
+    ]
+    placed = dict(item.split(":header:") for item in placement.split(","))
+    columns = {f.column for f in OutboxEvent._meta.concrete_fields}
+    assert set(placed) <= columns
+    assert {"operation", "headers", "deliver_at", "expires_at"} <= set(placed)
+    due = timezone.now() + datetime.timedelta(hours=1)
+    with acting("7", path="/orders/"), transaction.atomic():
+        [row] = publish(
+            OrderPlaced(order_id=1, total=decimal.Decimal("1")),
+            aggregate=("shop.Order", "1"),
+            operation="create",
+            deliver_at=due,
+            expires_at=due + datetime.timedelta(hours=1),
+        )
+    [change] = wal.changes()
+    assert change.row["operation"] == "create"
+    assert json.loads(change.row["headers"]) == {
+        "actor": "7",
+        "metadata": {"path": "/orders/"},
+    }
+    assert change.row["deliver_at"] and change.row["expires_at"]
+    assert change.row == wal.row_as_text(row.id)
