@@ -269,10 +269,26 @@ def _check_celery_app() -> list[checks.CheckMessage]:
 
 @checks.register("outbox", checks.Tags.models)
 def check_tracked_models(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """``@track``'s ``names`` map operations only."""
-    from ..publishing.tracking import SUFFIXES, tracked_models
+    """``@track``'s ``names`` map operations only; every manager of a tracked
+    model gives tracked querysets (one that builds a plain ``QuerySet``
+    itself writes without publishing)."""
+    from ..publishing.tracking import SUFFIXES, TrackedQuerySet, tracked_models
 
-    return [
+    bypassing = [
+        checks.Warning(
+            f"@track on {spec.model._meta.label}: the manager {manager.name!r} "
+            "returns querysets that are not tracked: its update(), delete(), "
+            "bulk_create() and bulk_update() publish no change events.",
+            hint="Build its queryset with super().get_queryset() (or the "
+            "manager's own _queryset_class), not QuerySet(...) directly.",
+            obj=spec.model,
+            id="outbox.W009",
+        )
+        for spec in tracked_models()
+        for manager in spec.model._meta.managers
+        if not isinstance(manager.get_queryset(), TrackedQuerySet)
+    ]
+    return bypassing + [
         checks.Error(
             f"@track on {spec.model._meta.label}: names has key(s) "
             f"{list(spec.unknown_names)}, which are no operation.",

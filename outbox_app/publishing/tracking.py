@@ -40,6 +40,9 @@ How each write is covered, so no write escapes silently:
 - ``delete()``, ``QuerySet.delete()`` and deletes by cascade publish through
   Django's ``post_delete`` signal, inside the deletion's transaction; one
   INSERT for all the events of one ``delete()`` call.
+- The model's querysets are :class:`TrackedQuerySet` (``@track`` gives its
+  managers, its base manager and so its related managers a queryset class
+  that mixes it in): only tracked models' bulk writes go through tracking.
 - ``QuerySet.bulk_create()`` publishes a Created event per object, one INSERT.
 - ``QuerySet.update()`` and ``bulk_update()`` publish an Updated (or
   SoftDeleted) event per row they change, in their transaction: the rows are
@@ -233,7 +236,7 @@ def track(
         cls.save = _saving(cls.save, spec)
         cls.delete = _instance_delete(cls.delete)
         post_delete.connect(_deleted, sender=cls, weak=False)
-        _patch_querysets()
+        _track_managers(cls)
         return cls
 
     return register(model) if model is not None else register
@@ -263,14 +266,17 @@ def primary_key_name(aggregate_type: str | None) -> str:
 
 
 def connect_signals() -> None:
-    """Once every model is loaded (the app's ``ready()``): receive the
-    deletes of tracked models' proxies, and the deletes of rows that tracked
+    """Once every model is loaded (the app's ``ready()``): give tracked
+    models' proxies and multi-table children tracked querysets, receive the
+    deletes of the proxies, and the deletes of rows that tracked
     models reference with ``on_delete=SET_DEFAULT`` or ``SET(...)``, whose
     updates Django writes without ``QuerySet.update()``. Receivers are
     connected per sender, so other models keep Django's fast deletes."""
     from django.apps import apps
 
     for model in apps.get_models():
+        if model not in _tracked and _spec_for(model) is not None:
+            _track_managers(model)  # a proxy's, a multi-table child's
         if model._meta.proxy and model._meta.concrete_model in _tracked:
             post_delete.connect(_deleted, sender=model, weak=False)
     for spec in _tracked.values():
@@ -496,23 +502,37 @@ def _plain(field: models.Field, value: Any) -> Any:
 
 # --- the querysets' bulk writes ------------------------------------------------------
 
-_patched = False
 
-
-def _patch_querysets() -> None:
-    """Route ``QuerySet.delete``, ``bulk_create``, ``update`` and
-    ``bulk_update`` of tracked models through tracking, once (every queryset:
-    a related manager's or a custom one's too). Untracked models pay one dict
-    lookup."""
-    global _patched
-    if _patched:
-        return
-    _patched = True
-    qs = models.QuerySet
-    qs.delete = _queryset_delete(qs.delete)
-    qs.bulk_create = _tracked_bulk_create(qs.bulk_create)
-    qs.update = _tracked_update(qs.update)
-    qs.bulk_update = _tracked_bulk_update(qs.bulk_update)
+def _track_managers(model: type[models.Model]) -> None:
+    """Give ``model``'s managers (its base manager included, which Django's
+    deletes use for related rows) querysets of :class:`TrackedQuerySet`. A
+    manager's class is swapped for a subclass whose ``_queryset_class`` mixes
+    it in, so the related managers Django derives from it track too; the
+    subclass keeps the original's name and module, so migrations see the
+    manager they saw."""
+    for manager in [*model._meta.managers, model._meta.base_manager]:
+        kind = type(manager)
+        if issubclass(kind._queryset_class, TrackedQuerySet):
+            continue
+        queryset = kind._queryset_class
+        tracked = (
+            TrackedQuerySet
+            if queryset is models.QuerySet
+            else type(
+                f"Tracked{queryset.__name__}",
+                (queryset, TrackedQuerySet),
+                {"__module__": queryset.__module__},
+            )
+        )
+        manager.__class__ = type(
+            kind.__name__,
+            (kind,),
+            {
+                "_queryset_class": tracked,
+                "__module__": kind.__module__,
+                "__qualname__": kind.__qualname__,
+            },
+        )
 
 
 def _queryset_delete(delete):
@@ -663,6 +683,18 @@ def _tracked_bulk_update(bulk_update):
         return _publish_changes(spec, chosen, write, self.db)
 
     return tracked_bulk_update
+
+
+class TrackedQuerySet(models.QuerySet):
+    """The querysets of tracked models (mixed in by ``@track`` after any
+    custom queryset class, so a custom ``update()`` runs first): their
+    ``delete()``, ``bulk_create()``, ``update()`` and ``bulk_update()``
+    publish change events. Other models' querysets are Django's own."""
+
+    delete = _queryset_delete(models.QuerySet.delete)
+    bulk_create = _tracked_bulk_create(models.QuerySet.bulk_create)
+    update = _tracked_update(models.QuerySet.update)
+    bulk_update = _tracked_bulk_update(models.QuerySet.bulk_update)
 
 
 def _publish_changes(spec: Tracking, chosen, write, using: str) -> int:

@@ -570,3 +570,46 @@ def test_a_row_over_the_payload_cap_is_saved_with_its_largest_values_omitted(
     OutboxEvent.objects.all().delete()
     Product.objects.filter(pk=product.pk).update(leaflet="n" * 90)
     assert [e.payload["omitted"] for e in events()] == [["leaflet"]]
+
+
+def test_tracking_is_opt_in_per_model_not_a_patch_of_every_queryset():
+    from outbox_app.publishing.tracking import TrackedQuerySet
+    from tests.testapp.models import Gadget, GadgetProxy, SmartGadget
+
+    # Django's QuerySet is Django's: an untracked model pays nothing.
+    assert models.QuerySet.update.__module__ == "django.db.models.query"
+    assert not isinstance(Category.objects.all(), TrackedQuerySet)
+    for model in (Product, Gadget, GadgetProxy, SmartGadget):
+        assert isinstance(model.objects.all(), TrackedQuerySet), model
+        assert isinstance(model._base_manager.all(), TrackedQuerySet), model
+    tea = Category.objects.create(title="tea")
+    Product.objects.create(name="Sencha", price=1, category=tea)
+    OutboxEvent.objects.all().delete()
+    assert isinstance(tea.product_set.all(), TrackedQuerySet)
+    tea.product_set.update(price=2)  # a related manager's update publishes
+    assert [e.event_type for e in events()] == ["ProductUpdated"]
+
+
+@isolate_apps("tests.testapp")
+def test_a_manager_that_bypasses_tracking_is_named_by_a_check():
+    from outbox_app import track
+    from outbox_app.ops.checks import check_tracked_models
+    from outbox_app.publishing import tracking
+
+    class Raw(models.Manager):
+        def get_queryset(self):
+            return models.QuerySet(self.model, using=self._db)
+
+    class Probe(models.Model):
+        objects = models.Manager()
+        raw = Raw()
+
+        class Meta:
+            app_label = "testapp"
+
+    try:
+        track(Probe)
+        [warning] = check_tracked_models()
+        assert warning.id == "outbox.W009" and "'raw'" in warning.msg
+    finally:
+        del tracking._tracked[Probe]
