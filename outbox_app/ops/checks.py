@@ -143,6 +143,24 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                     id="outbox.W002",
                 )
             )
+    # Consumers receive other services' types, which this one need not
+    # define: only a near miss of a type it knows is worth a word.
+    from ..inbox.registry import consumers
+
+    for consumer in consumers():
+        for event_type in sorted((consumer.event_types or set()) - known_types()):
+            near = difflib.get_close_matches(event_type, known_types(), n=1)
+            if near:
+                messages.append(
+                    checks.Warning(
+                        f"consumer {consumer.name!r} is registered for event type "
+                        f"{event_type!r}, which nothing here defines; did you "
+                        f"mean {near[0]!r}?",
+                        hint="Fine for another service's type of that name; "
+                        "otherwise correct the spelling.",
+                        id="outbox.W002",
+                    )
+                )
     return messages
 
 

@@ -298,3 +298,26 @@ def test_records_events_after_models_model_is_an_error():
 
         [error] = check_recording_models([apps.get_app_config("testapp")])
     assert error.id == "outbox.E027" and error.obj is Inert
+
+
+def test_a_consumer_for_a_near_miss_of_a_known_type_is_warned_of():
+    from outbox_app import consumer
+    from outbox_app.inbox.registry import unregister_consumer
+
+    @consumer("OrderPlacd", queue="q", name="tests.misspelt")
+    def misspelt(event, context):
+        pass
+
+    @consumer("InvoiceSent", queue="q", name="tests.foreign")  # another service's
+    def foreign(event, context):
+        pass
+
+    try:
+        warned = [m.msg for m in check_subscribers() if m.id == "outbox.W002"]
+    finally:
+        unregister_consumer("tests.misspelt")
+        unregister_consumer("tests.foreign")
+    assert [m for m in warned if "consumer" in m] == [
+        "consumer 'tests.misspelt' is registered for event type 'OrderPlacd', "
+        "which nothing here defines; did you mean 'OrderPlaced'?"
+    ]
