@@ -28,6 +28,10 @@ TAGS = {
     " (a server: still running after 20 s counts as success)",
     "suite": "runs the test suite itself, as .ci/run does",
     "diagram": "a drawing; every path in it exists in the repository",
+    "app": "a module of an example app (its first line names it, '# shop/models.py'):"
+    " the page's app blocks make a fresh project of their own (migrate --run-syncdb,"
+    " check), in which its app-run blocks run",
+    "app-run": "executed, in order, in the project the page's app blocks make",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")

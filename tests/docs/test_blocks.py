@@ -210,3 +210,73 @@ def test_diagram_names_what_exists(block):
     named = set(re.findall(r"\b(\w+/|\w+\.py)", block.code))
     missing = [n for n in sorted(named) if not any(package.rglob(n.rstrip("/")))]
     assert not missing, f"{block.id}: not in outbox_app/: {missing}"
+
+
+#: The settings of the project a page's app blocks make: outbox_app, Django's
+#: auth, and the apps the blocks write (none of the suite's test apps, whose
+#: event types the pages reuse).
+APP_SETTINGS = """
+import environ
+SECRET_KEY = "docs"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "outbox_app"]
+INSTALLED_APPS += {apps!r}
+DATABASES = {{"default": environ.Env().db_url_config({database!r})}}
+"""
+
+#: Runs in that project: migrate, the system checks (errors fail), then each
+#: app-run block in a namespace of its own.
+APP_RUNNER = """
+import django, json, sys
+django.setup()
+from django.core.management import call_command
+call_command("migrate", run_syncdb=True, verbosity=0)
+call_command("check", fail_level="ERROR", stdout=sys.stderr)
+for name, code in json.load(sys.stdin):
+    exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    print("ran", name)
+"""
+
+
+def _app_pages() -> list[Path]:
+    return sorted({block.page for block in tagged("app")})
+
+
+@pytest.mark.parametrize("page", _app_pages(), ids=lambda page: page.name)
+def test_app_blocks_make_a_project_that_runs(page, tmp_path):
+    files: dict[str, str] = {}
+    for block in tagged("app"):
+        if block.page != page:
+            continue
+        first = block.code.splitlines()[0]
+        match = re.fullmatch(r"# ([\w/]+\.py)\b.*", first)
+        assert match, f"{block.id}: the first line must name the module"
+        path = match.group(1)
+        files[path] = files.get(path, "") + block.code + "\n"
+    apps = sorted({path.split("/")[0] for path in files})
+    for path, code in files.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (target.parent / "__init__.py").touch()
+        target.write_text(code)
+    database = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    (tmp_path / "docs_settings.py").write_text(
+        APP_SETTINGS.format(apps=apps, database=database)
+    )
+    runs = [[block.id, block.code] for block in tagged("app-run") if block.page == page]
+    done = subprocess.run(
+        [sys.executable, "-c", APP_RUNNER],
+        input=json.dumps(runs),
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{tmp_path}:{ROOT}",
+            "DJANGO_SETTINGS_MODULE": "docs_settings",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [word for run in runs for word in ("ran", run[0])]
