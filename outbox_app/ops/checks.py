@@ -215,9 +215,15 @@ def check_subscriptions(app_configs=None, databases=None, **kwargs):
     from ..store.models import Subscription
 
     messages: list[checks.CheckMessage] = []
-    known = {s.name for s in [*handlers(), *publishers()]}
-    known |= {alias for s in [*handlers(), *publishers()] for alias in s.aliases}
-    for alias in databases or ():
+    if not databases:
+        return messages
+    try:
+        subscribers = [*handlers(), *publishers()]
+    except ImproperlyConfigured:  # a publisher that cannot be built: E015
+        return messages
+    known = {s.name for s in subscribers}
+    known |= {alias for s in subscribers for alias in s.aliases}
+    for alias in databases:
         try:
             live = set(
                 Subscription.objects.using(alias)
