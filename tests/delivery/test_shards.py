@@ -149,3 +149,30 @@ def test_relay_command_serves_the_database_it_names(registered, capsys):
     call_command("relay", "--database", SHARD, "--once", verbosity=0)
     assert delivered == [(SHARD, 7)]
     assert "delivered 1," in capsys.readouterr().out
+
+
+def test_celery_tasks_and_beat_serve_each_alias(registered):
+    """The Celery relay tasks take the alias; one beat fragment per alias
+    merges without a clash."""
+    from outbox_app.tasks import beat_schedule, purge_outbox, run_handlers
+
+    delivered = []
+
+    @registered(Step, name="shards.celery")
+    def record(event, context):
+        delivered.append((context.using, event.position))
+
+    schedule = {}
+    for alias in ALIASES:
+        schedule.update(beat_schedule(interval=1.0, using=alias))
+    assert len(schedule) == 3 * len(ALIASES)
+    assert {entry["kwargs"]["using"] for entry in schedule.values()} == set(ALIASES)
+    assert schedule[f"outbox-purge-{SHARD}"]["kwargs"] == {"using": SHARD}
+
+    with atomic(*ALIASES):
+        publish(Step(position=5), using=ALIASES)
+    assert run_handlers(using=SHARD, max_seconds=5)["succeeded"] == 1
+    assert delivered == [(SHARD, 5)]
+    assert purge_outbox(older_than_days=0, using=SHARD)["events"] == 1
+    assert OutboxEvent.objects.using(SHARD).count() == 0
+    assert OutboxEvent.objects.using("default").count() == 1
