@@ -121,7 +121,7 @@ def publish(
     aggregate_version: int | None = None,
     headers: Mapping[str, Any] | None = None,
     tenant_id: str | None = None,
-    using: str | Sequence[str] | None = None,
+    using: str | list[str] | tuple[str, ...] | None = None,
     deliver_at: datetime.datetime | datetime.timedelta | None = None,
     expires_at: datetime.datetime | datetime.timedelta | None = None,
     operation: str | None = None,
@@ -327,7 +327,9 @@ def outbox_action(
         _insert([sentinel], alias)
 
 
-def _aliases(aggregate: Aggregate, using: str | Sequence[str] | None) -> list[str]:
+def _aliases(
+    aggregate: Aggregate, using: str | list[str] | tuple[str, ...] | None
+) -> list[str]:
     """The aliases one publish() writes to: ``using`` as a list, or the one
     alias :func:`_alias` picks.
 
