@@ -56,6 +56,11 @@ class DeliveryContext:
             a delivery not made by then is skipped. None: never.
         payload_bytes: the length of the payload's JSON text as published,
             in bytes (what a batch's ``OUTBOX_BATCH_BYTES`` counts).
+        using: the alias of the database whose outbox holds the event (the
+            relay's ``--database``); a handler's writes on it commit with the
+            delivery's mark. An event published on several databases
+            (``publish(using=[...])``) is delivered once from each, with one
+            ``event_id`` and each its own ``using``.
     """
 
     event_id: uuid.UUID
@@ -77,6 +82,7 @@ class DeliveryContext:
     expires_at: datetime.datetime | None = None
     operation: str | None = None
     payload_bytes: int = 0
+    using: str = "default"
 
 
 @dataclass(eq=False)

@@ -111,12 +111,15 @@ def run_handlers(
 
 
 @shared_task(name=PURGE_OUTBOX, ignore_result=True)
-def purge_outbox(older_than_days: int | None = None) -> dict[str, Any]:
+def purge_outbox(
+    older_than_days: int | None = None, using: str = "default"
+) -> dict[str, Any]:
     """Delete finished rows older than ``OUTBOX_RETENTION_DAYS`` (or
-    ``older_than_days``), as ``manage.py outbox_purge`` does."""
+    ``older_than_days``) from the outbox of database ``using``, as ``manage.py
+    outbox_purge --database`` does."""
     from .ops.purge import purge
 
-    return purge(older_than_days=older_than_days).as_dict()
+    return purge(older_than_days=older_than_days, using=using).as_dict()
 
 
 def beat_schedule(
@@ -134,7 +137,9 @@ def beat_schedule(
             missed, and an idle worker logs a few lines every 10 s, not every
             second), else :data:`POLL_INTERVAL` (1: beat is the latency).
         purge_every: seconds between purges.
-        using: database alias.
+        using: database alias. With several databases (one outbox each), merge
+            one fragment per alias: the names of an alias other than
+            ``default`` end with ``-<alias>`` (``outbox-relay-events-shard2``).
 
     Returns:
         ``{entry name: {"task", "schedule", "kwargs", "options"}}``.
@@ -146,7 +151,8 @@ def beat_schedule(
             waking = False
         interval = WAKE_INTERVAL if waking else POLL_INTERVAL
     relay_kwargs = {"using": using, "max_seconds": max(interval * 0.9, 0.5)}
-    return {
+    suffix = "" if using == "default" else f"-{using}"
+    entries = {
         "outbox-relay-events": {
             "task": RELAY_EVENTS,
             "schedule": interval,
@@ -162,9 +168,11 @@ def beat_schedule(
         "outbox-purge": {
             "task": PURGE_OUTBOX,
             "schedule": purge_every,
+            "kwargs": {"using": using},
             "options": {"expires": purge_every},
         },
     }
+    return {f"{name}{suffix}": entry for name, entry in entries.items()}
 
 
 class Waker:

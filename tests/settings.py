@@ -4,6 +4,18 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox pytest
     DATABASE_URL=mysql://root@127.0.0.1:3306/outbox pytest
+
+Beside ``default``, the shard tests (``tests/delivery/test_shards.py``) use one more
+database per URL in ``OUTBOX_TEST_SHARDS`` (space-separated; aliases
+``shard2``, ``shard3``, ...), any of the three databases, e.g. a second
+PostgreSQL database and a MariaDB one::
+
+    OUTBOX_TEST_SHARDS="postgres://postgres@127.0.0.1:5432/outbox_2 \
+        mysql://root@127.0.0.1:3306/outbox_3" pytest tests/delivery/test_shards.py
+
+Unset, ``shard2`` is a second database on ``default``'s server (a second
+SQLite file). The test runner creates each one's test database (``test_``
+and its name), and only when a selected test uses it.
 """
 
 import json
@@ -28,24 +40,47 @@ DATABASES = {
         "DATABASE_URL", default=f"sqlite:///{_sqlite_dir / 'outbox-tests.sqlite3'}"
     )
 }
-_db = DATABASES["default"]
-if "OUTBOX_TEST_CONN_MAX_AGE" in os.environ:  # relay processes: persistent connections
-    _db["CONN_MAX_AGE"] = int(os.environ["OUTBOX_TEST_CONN_MAX_AGE"]) or None
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    # A file, not :memory:, so relay worker processes share it; WAL and IMMEDIATE
-    # transactions as docs/configuration.md recommends.
-    _db.setdefault("TEST", {})["NAME"] = os.environ.get(
-        "OUTBOX_TEST_SQLITE_NAME",
-        str(_sqlite_dir / f"outbox-test-{os.getpid()}.sqlite3"),
-    )
-    _db["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+if os.environ.get("OUTBOX_TEST_SHARDS", "").strip():
+    for _number, _url in enumerate(os.environ["OUTBOX_TEST_SHARDS"].split(), 2):
+        DATABASES[f"shard{_number}"] = env.db_url_config(_url)
+else:
+    _name = str(DATABASES["default"]["NAME"])
+    DATABASES["shard2"] = {
+        **DATABASES["default"],
+        "NAME": (
+            _name.removesuffix(".sqlite3") + "-shard2.sqlite3"
+            if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+            else f"{_name}_shard2"
+        ),
     }
-elif _db["ENGINE"] == "django.db.backends.mysql":
-    _db.setdefault("OPTIONS", {})["charset"] = "utf8mb4"
-    _db.setdefault("TEST", {}).update(CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci")
+for _alias, _db in DATABASES.items():
+    if "OUTBOX_TEST_CONN_MAX_AGE" in os.environ:  # relay processes: persistent
+        _db["CONN_MAX_AGE"] = int(os.environ["OUTBOX_TEST_CONN_MAX_AGE"]) or None
+    if _db["ENGINE"] == "django.db.backends.sqlite3":
+        # A file, not :memory:, so relay worker processes share it; WAL and
+        # IMMEDIATE transactions as docs/configuration.md recommends.
+        _db["TEST"] = {
+            "NAME": (
+                os.environ.get(
+                    "OUTBOX_TEST_SQLITE_NAME",
+                    str(_sqlite_dir / f"outbox-test-{os.getpid()}.sqlite3"),
+                )
+                if _alias == "default"
+                else str(_sqlite_dir / f"outbox-test-{os.getpid()}-{_alias}.sqlite3")
+            )
+        }
+        _db["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    elif _db["ENGINE"] == "django.db.backends.mysql":
+        _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "charset": "utf8mb4"}
+        _db["TEST"] = {
+            **_db.get("TEST", {}),
+            "CHARSET": "utf8mb4",
+            "COLLATION": "utf8mb4_unicode_ci",
+        }
 
 INSTALLED_APPS = [
     "django.contrib.admin",

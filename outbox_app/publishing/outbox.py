@@ -121,12 +121,21 @@ def publish(
     aggregate_version: int | None = None,
     headers: Mapping[str, Any] | None = None,
     tenant_id: str | None = None,
-    using: str | None = None,
+    using: str | list[str] | tuple[str, ...] | None = None,
     deliver_at: datetime.datetime | datetime.timedelta | None = None,
     expires_at: datetime.datetime | datetime.timedelta | None = None,
     operation: str | None = None,
 ) -> list[OutboxEvent]:
     """Append ``events`` to the outbox inside the current transaction.
+
+    With several database aliases (``using=["default", "shard2"]``, one
+    outbox per shard) the same events, under the same ids, are written to
+    each alias's outbox in that alias's own transaction: each shard's relay
+    delivers its copy. That is NOT atomic across the aliases: the
+    transactions commit one after the other, so a failure between two
+    commits leaves the events on the aliases that committed and not on the
+    others (publish them there again with the same ids: event mappings with
+    ``"id"``).
 
     Args:
         *events: :class:`~outbox_app.Event` dataclass instances, or mappings
@@ -141,6 +150,8 @@ def publish(
             actor, ...), stored with every event of the call.
         tenant_id: the tenant the events belong to (``None``: no tenant).
         using: database alias; defaults to the aggregate's, else the router's.
+            A list or tuple of distinct aliases writes the events to each
+            (the aggregate's database is then not consulted).
         deliver_at: schedule the events: no delivery before this aware datetime
             (or this long from now, a timedelta). A time already past means at
             once. Relays deliver it within a poll interval after it
@@ -155,14 +166,17 @@ def publish(
 
     Returns:
         The created :class:`OutboxEvent` rows, in argument order, written with ONE
-        INSERT statement.
+        INSERT statement per alias; with several aliases, each alias's rows
+        in turn, in the order of ``using`` (``row._state.db`` names it).
 
     Raises:
         OutboxRequiresActiveTransaction: not inside ``transaction.atomic`` on the
-            alias. Nothing is written.
+            alias (on every alias of a list). Nothing is written.
         InvalidEventType, InvalidPayload, PayloadTooLarge, InvalidSchedule: bad
             input, checked before the INSERT. Nothing is written.
-        InvalidEvent: an event mapping with a key other than ``event_type``,
+        InvalidEvent: ``using`` an empty list or tuple, or one naming an
+            alias twice or holding a non-string;
+            an event mapping with a key other than ``event_type``,
             ``payload``, ``revision`` and ``id`` (a typo: ``paylod``); an
             ``aggregate_version`` that is not an integer; an ``operation``
             that is not a string of 1 to 32 characters; an aggregate type or
@@ -175,8 +189,9 @@ def publish(
             ORM write, a database error leaves the transaction to roll back;
             wrap ``publish()`` in its own ``atomic()`` to catch one and go on.
     """
-    alias = _alias(aggregate, using)
-    _require_transaction(alias)
+    aliases = _aliases(aggregate, using)
+    for alias in aliases:
+        _require_transaction(alias)
     if aggregate_version is not None and (
         not isinstance(aggregate_version, int) or isinstance(aggregate_version, bool)
     ):
@@ -196,8 +211,15 @@ def publish(
         rows, texts = _rows(
             events, aggregate, aggregate_version, headers, tenant_id, extras
         )
-        _write(rows, texts, alias, span)
-    return rows
+        _write(rows, texts, aliases[0], span)
+        written = list(rows)
+        for alias in aliases[1:]:
+            # A row knows its one database: each alias gets rows of its own,
+            # holding the same values (so ``texts`` still holds their JSON).
+            copies = [_row({f: getattr(row, f) for f in _UNSET}) for row in rows]
+            _write(copies, texts, alias)
+            written += copies
+    return written
 
 
 def publish_each(
@@ -303,6 +325,30 @@ def outbox_action(
             fanned_out=False,
         )
         _insert([sentinel], alias)
+
+
+def _aliases(
+    aggregate: Aggregate, using: str | list[str] | tuple[str, ...] | None
+) -> list[str]:
+    """The aliases one publish() writes to: ``using`` as a list, or the one
+    alias :func:`_alias` picks.
+
+    Raises:
+        InvalidEvent: an empty list or tuple, an alias twice, a non-string.
+    """
+    if not isinstance(using, list | tuple):
+        return [_alias(aggregate, using)]
+    if not using or not all(isinstance(alias, str) and alias for alias in using):
+        raise InvalidEvent(
+            f"using must be a database alias or a list of them, got {using!r}; "
+            "nothing was written"
+        )
+    if len(set(using)) != len(using):
+        raise InvalidEvent(
+            f"using names an alias twice: {list(using)!r}; an event is written "
+            "once per database; nothing was written"
+        )
+    return list(using)
 
 
 def _alias(aggregate: Aggregate, using: str | None) -> str:

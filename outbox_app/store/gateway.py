@@ -447,4 +447,5 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         expires_at=d.datetime_value(expires_at),
         operation=operation,
         payload_bytes=payload_bytes,
+        using=d.alias,
     )

@@ -62,6 +62,18 @@ def test_every_attribute():
     assert CONTENT_TYPE == "application/cloudevents+json"
 
 
+def test_the_database_alias_is_not_on_the_wire_but_may_route():
+    """One event published on several databases is one event to a consumer:
+    the same envelope from each shard (its inbox takes the second copy as a
+    duplicate); a destination template may still name the alias."""
+    from outbox_app.publishers.base import render, template_fields
+
+    assert to_cloudevent(make(using="shard2")) == to_cloudevent(make())
+    key = "{using}.{event_type}"
+    used = template_fields("bus", "ROUTING_KEY", key)
+    assert render(key, used, make(using="shard2")) == "shard2.OrderPlaced"
+
+
 def test_who_acted_and_the_metadata_are_text_attributes():
     headers = {"actor": 7, "metadata": {"path": "/orders/", "ip": "10.0.0.5"}}
     event = to_cloudevent(make(headers=headers))
