@@ -63,6 +63,7 @@ import contextlib
 import contextvars
 import datetime
 import functools
+import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -514,25 +515,35 @@ def _track_managers(model: type[models.Model]) -> None:
         kind = type(manager)
         if issubclass(kind._queryset_class, TrackedQuerySet):
             continue
-        queryset = kind._queryset_class
-        tracked = (
-            TrackedQuerySet
-            if queryset is models.QuerySet
-            else type(
-                f"Tracked{queryset.__name__}",
-                (queryset, TrackedQuerySet),
-                {"__module__": queryset.__module__},
-            )
-        )
         manager.__class__ = type(
             kind.__name__,
             (kind,),
             {
-                "_queryset_class": tracked,
+                "_queryset_class": _tracked_queryset_class(kind._queryset_class),
                 "__module__": kind.__module__,
                 "__qualname__": kind.__qualname__,
             },
         )
+
+
+def _tracked_queryset_class(queryset: type[models.QuerySet]) -> type:
+    """``queryset`` with :class:`TrackedQuerySet` mixed in after it, made once
+    and kept in this module under a name of its own, so its querysets pickle
+    (a cached queryset) and unpickle as tracked."""
+    if queryset is models.QuerySet:
+        return TrackedQuerySet
+    name = "Tracked_" + re.sub(
+        r"\W", "_", f"{queryset.__module__}.{queryset.__qualname__}"
+    )
+    tracked = globals().get(name)
+    if tracked is None:
+        tracked = type(
+            name,
+            (queryset, TrackedQuerySet),
+            {"__module__": __name__, "__qualname__": name},
+        )
+        globals()[name] = tracked
+    return tracked
 
 
 def _queryset_delete(delete):

@@ -65,6 +65,13 @@ class Account(RecordsEvents, models.Model):
         self.record(event_class(amount=amount))
 
 
+class GadgetQuerySet(models.QuerySet):
+    """A custom queryset: tracking mixes in after it, its methods stay."""
+
+    def cheap(self):
+        return self.filter(price__lt=5)
+
+
 def fallback_category():
     """Where a gadget's ``backup`` goes when its category is deleted."""
     return Category.objects.get_or_create(title="fallback")[0].pk
@@ -105,6 +112,8 @@ class Gadget(models.Model):
         on_delete=models.SET(fallback_category),
         related_name="+",
     )
+
+    objects = GadgetQuerySet.as_manager()
 
 
 class GadgetProxy(Gadget):

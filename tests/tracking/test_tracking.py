@@ -613,3 +613,20 @@ def test_a_manager_that_bypasses_tracking_is_named_by_a_check():
         assert warning.id == "outbox.W009" and "'raw'" in warning.msg
     finally:
         del tracking._tracked[Probe]
+
+
+def test_a_custom_queryset_keeps_its_methods_and_pickles():
+    import pickle
+
+    from outbox_app.publishing.tracking import TrackedQuerySet
+    from tests.testapp.models import Gadget, GadgetQuerySet
+
+    Gadget.objects.create(name="Lamp", price=3)
+    OutboxEvent.objects.all().delete()
+    queryset = Gadget.objects.cheap()
+    assert isinstance(queryset, GadgetQuerySet)
+    assert isinstance(queryset, TrackedQuerySet)
+    assert queryset.update(price=4) == 1
+    assert [e.event_type for e in events()] == ["GadgetUpdated"]
+    copy = pickle.loads(pickle.dumps(queryset))
+    assert type(copy) is type(queryset) and len(copy) == 1
