@@ -142,7 +142,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "bench.soak_settings"
 DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/outbox_soak"
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672/outbox_soak"
-KINDS = ("kill", "term", "stall", "db-cut", "broker-cut", "broker-outage")
+RELAY_KINDS = ("kill", "term", "stall", "db-cut")
+#: The fault kinds of each ``--broker``: the relays', then the broker's.
+BROKER_KINDS = {
+    "rabbitmq": ("broker-cut", "broker-outage"),
+    "kafka": ("broker-restart",),
+}
+KINDS = (*RELAY_KINDS, *BROKER_KINDS["rabbitmq"], *BROKER_KINDS["kafka"])
 PUBLISHER = "soak.broker"
 HANDLERS = ("soak.effect", "soak.flaky", "soak.ordered")
 ORDERED = "soak.ordered"
@@ -183,14 +189,20 @@ OPTIONS = [
      "to the consumer's queue, in seconds; 0 for none (default 3)"),
     ("--lease", float, None, "OUTBOX_LEASE_SECONDS of the relays, in seconds "
      "(default: the setting's own default, 60)"),
-    ("--faults", str, ",".join(KINDS), "comma-separated fault kinds to inject, "
-     f"among {', '.join(KINDS)}; '' for none (default: all)"),
+    ("--broker", str, "rabbitmq", "where soak.broker publishes: 'rabbitmq' "
+     "(the vhost of --broker-url) or 'kafka' (a tansu of the soak's own, "
+     "bench/soak_kafka.py; no consume process nor poison then) (default "
+     "rabbitmq)"),
+    ("--faults", str, None, "comma-separated fault kinds to inject, among "
+     f"{', '.join(RELAY_KINDS)} and the broker's: "
+     + "; ".join(f"{b}: {', '.join(k)}" for b, k in BROKER_KINDS.items())
+     + "; '' for none (default: all of the relays' and the broker's)"),
     ("--fault-every", float, 2.0, "mean time between two faults, in seconds "
      "(default 2)"),
     ("--stall-seconds", float, None, "how long a stall lasts, in seconds "
      "(default: from lease + 1 to 1.5 x lease + 1, at random)"),
-    ("--outage-seconds", float, 5.0, "mean length of a broker outage, in "
-     "seconds (default 5)"),
+    ("--outage-seconds", float, 5.0, "mean length of a broker outage (a "
+     "RabbitMQ vhost closed, a tansu down), in seconds (default 5)"),
     ("--restart-delay", float, 1.0, "time before a killed relay is started "
      "again, in seconds (default 1)"),
     ("--restart-db-cmd", str, None, "shell command that restarts the database "
@@ -215,10 +227,20 @@ def parse_args() -> argparse.Namespace:
     for flag, kind, default, text in OPTIONS:
         parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args()
+    if args.broker not in BROKER_KINDS:
+        parser.error(f"--broker: 'rabbitmq' or 'kafka', not {args.broker!r}")
+    kinds = (*RELAY_KINDS, *BROKER_KINDS[args.broker])
+    if args.faults is None:
+        args.faults = ",".join(kinds)
     args.faults = [k for k in args.faults.split(",") if k]
-    unknown = set(args.faults) - set(KINDS)
+    unknown = set(args.faults) - set(kinds)
     if unknown:
-        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+        parser.error(
+            f"unknown fault kinds with --broker {args.broker}: "
+            + ", ".join(sorted(unknown))
+        )
+    if args.broker == "kafka":
+        args.poison_every = 0  # the poison goes to the consume process's queue
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     return args
@@ -325,6 +347,34 @@ class Broker:
                 "the soak needs a RabbitMQ vhost of its own (it closes every "
                 "connection of it): e.g. --broker-url " + DEFAULT_BROKER
             )
+
+    kinds = BROKER_KINDS["rabbitmq"]
+
+    def describe(self) -> str:
+        return f"RabbitMQ vhost {self.vhost}"
+
+    def set_up(self) -> None:
+        """The vhost, the relays' exchange and queue and the consumer's,
+        emptied."""
+        self.ensure_vhost()
+        self.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
+        self.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
+
+    def collect(self) -> collections.Counter:
+        """Every message of the relays' queue (consumed): the copies of each
+        message id."""
+        return self.consume(settings.SOAK_QUEUE)
+
+    def restore(self) -> None:
+        """The vhost's permissions back, whatever happened."""
+        self.allow()
+
+    def summary(self) -> str:
+        return ""
+
+    def end_outage(self) -> str:
+        self.allow()
+        return "broker-outage: permissions restored"
 
     def ensure_vhost(self) -> None:
         """Create the vhost if missing; give the user full permissions on it."""
@@ -433,7 +483,15 @@ def set_up_error(exc: Exception) -> None:
 
 try:
     CONFIG = ensure_database(DATABASE_URL)
-    BROKER = Broker(ARGS.broker_url)
+    if ARGS.broker == "kafka":
+        try:
+            from bench.soak_kafka import KafkaBroker
+        except ImportError as exc:
+            raise SetUpError(f"--broker kafka: {exc}") from exc
+        BROKER = KafkaBroker()
+        os.environ["SOAK_KAFKA_SERVERS"] = BROKER.servers
+    else:
+        BROKER = Broker(ARGS.broker_url)
 except SetUpError as exc:
     set_up_error(exc)
 except Exception as exc:  # the server is down, refuses us, ...
@@ -659,12 +717,13 @@ class Chaos:
     def __init__(
         self,
         relays: list[Relay],
-        consumer: Consumer,
+        consumer: Consumer | None,
         log_dir: Path,
         rng: random.Random,
     ):
         self.relays = relays
-        self.consumer = consumer
+        #: The processes supervised: the relays, and the consumer if any.
+        self.processes = [*relays, *([consumer] if consumer else [])]
         #: Processes that exited by themselves (a crash): must be none.
         self.crashes = 0
         self.poison: collections.Counter = collections.Counter()
@@ -703,7 +762,7 @@ class Chaos:
         """Resume stalls that are over, restart relays that are down, end the
         broker outage when it is over."""
         now = time.monotonic()
-        for relay in [*self.relays, self.consumer]:
+        for relay in self.processes:
             if relay.stalled_until is not None and now >= relay.stalled_until:
                 self.resume(relay)
             if relay.running():
@@ -737,9 +796,11 @@ class Chaos:
         self.log(f"stall: SIGCONT relay {relay.index} (pid {relay.pid})")
 
     def end_outage(self) -> None:
-        BROKER.allow()
+        try:
+            self.log(BROKER.end_outage())
+        except Exception as exc:  # tansu did not start again
+            self.note(f"the broker could not be brought back: {exc}")
         self.outage_until = None
-        self.log("broker-outage: permissions restored")
 
     def calm(self) -> None:
         """End every fault in progress: wait for a RabbitMQ fault being
@@ -768,6 +829,7 @@ class Chaos:
             "db-cut": awake,
             "broker-cut": [] if broker_busy else awake,
             "broker-outage": [] if broker_busy or self.outage_until else up,
+            "broker-restart": [] if broker_busy or self.outage_until else up,
         }
         # A relay is SIGTERMed once up (its signal handler installed): before,
         # SIGTERM kills it as SIGKILL would.
@@ -778,7 +840,7 @@ class Chaos:
         kind = self.rng.choice(possible)
         relay = self.rng.choice(candidates[kind])
         fault = getattr(self, "_" + kind.replace("-", "_"))
-        if kind.startswith("broker"):
+        if kind in ("broker-cut", "broker-outage"):
             self.broker_job = threading.Thread(
                 target=lambda: self.count(kind, relay, fault(relay)), daemon=True
             )
@@ -848,6 +910,26 @@ class Chaos:
         BROKER.close_all("soak: broker-outage")
         self.outage_until = time.monotonic() + seconds
         return f"(all relays): vhost closed for {seconds:.1f} s"
+
+    def _broker_restart(self, relay: Relay) -> str:
+        seconds = ARGS.outage_seconds * self.rng.uniform(0.5, 1.5)
+        done = BROKER.kill(self.freeze, self.thaw)
+        if not done:
+            self.note("broker-restart: the Kafka consumer did not go quiet")
+            return ""
+        self.outage_until = time.monotonic() + seconds
+        return f"(all relays): {done}; started again in {seconds:.1f} s"
+
+    def freeze(self) -> None:
+        """SIGSTOP every relay running."""
+        for relay in self.relays:
+            relay.signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT every relay but the stalled ones."""
+        for relay in self.relays:
+            if relay.stalled_until is None:
+                relay.signal(signal.SIGCONT)
 
     #: Poison messages sent to the consumer's queue, in turn: none is a
     #: CloudEvent manage.py consume could store as it is.
@@ -1107,13 +1189,15 @@ class Writer(threading.Thread):
 
 def backlog() -> tuple[int, int, int, int]:
     """(events not fanned out, deliveries not SUCCEEDED, of which DEAD,
-    deliveries); the events the consumer has not handled yet count as
-    waiting."""
-    events = OutboxEvent.objects.filter(event_type__isnull=False).count()
-    handled = InboxMessage.objects.filter(
-        consumer=CONSUMER, state=InboxState.HANDLED
-    ).count()
-    waiting = OutboxEvent.objects.awaiting_fanout().count() + max(0, events - handled)
+    deliveries); the events the consumer (against RabbitMQ) has not handled
+    yet count as waiting."""
+    waiting = OutboxEvent.objects.awaiting_fanout().count()
+    if ARGS.broker == "rabbitmq":
+        events = OutboxEvent.objects.filter(event_type__isnull=False).count()
+        handled = InboxMessage.objects.filter(
+            consumer=CONSUMER, state=InboxState.HANDLED
+        ).count()
+        waiting += max(0, events - handled)
     states = dict(
         Delivery.objects.values_list("state").annotate(n=Count("id")).order_by()
     )
@@ -1141,11 +1225,9 @@ def run(log_dir: Path) -> int:
     rng = random.Random(ARGS.seed)
     call_command("migrate", verbosity=0)
     reset()
-    BROKER.ensure_vhost()
-    BROKER.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
-    BROKER.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
+    BROKER.set_up()
     relays = [Relay(i + 1, log_dir) for i in range(ARGS.relays)]
-    consumer = Consumer(1, log_dir)
+    consumer = Consumer(1, log_dir) if ARGS.broker == "rabbitmq" else None
     chaos = Chaos(relays, consumer, log_dir, rng)
     ledger = Ledger()
     janitor = Autovacuum()
@@ -1155,8 +1237,8 @@ def run(log_dir: Path) -> int:
         for i in range(ARGS.writers)
     ]
     print(
-        f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, RabbitMQ vhost "
-        f"{BROKER.vhost}; {ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
+        f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, {BROKER.describe()}; "
+        f"{ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
         f"writers at {ARGS.rate:g} events/s, {ARGS.seconds:g} s, faults every "
         f"~{ARGS.fault_every:g} s: {', '.join(ARGS.faults) or 'none'}"
         + (f", db-restart at {ARGS.restart_db_at:.0%}" if ARGS.restart_db_cmd else "")
@@ -1171,7 +1253,7 @@ def run(log_dir: Path) -> int:
         )
     began = time.monotonic()
     try:
-        for relay in [*relays, consumer]:
+        for relay in chaos.processes:
             relay.start()
         for writer in writers:
             writer.start()
@@ -1210,7 +1292,7 @@ def run(log_dir: Path) -> int:
     finally:
         stop.set()
         chaos.calm()
-        final = [r for r in [*relays, consumer] if r.running()]
+        final = [r for r in chaos.processes if r.running()]
         # One just restarted gets time to be up: SIGTERM before its handler is
         # installed would kill it (exit -15) and prove nothing.
         settle = time.monotonic() + 30
@@ -1235,7 +1317,7 @@ def run(log_dir: Path) -> int:
                 )
             )
     elapsed = time.monotonic() - began
-    seen = BROKER.consume(settings.SOAK_QUEUE)
+    seen = BROKER.collect()
     timing = {
         "wrote": wrote,
         "behind": behind,
@@ -1406,7 +1488,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
     strangers = committed - ledger.committed  # committed, but no writer says so
     atomicity = len(deposits ^ committed)
 
-    per_handler = {h: collections.Counter() for h in (*HANDLERS, CONSUMER)}
+    consumers = (CONSUMER,) if ARGS.broker == "rabbitmq" else ()
+    per_handler = {h: collections.Counter() for h in (*HANDLERS, *consumers)}
     for handler, event_id, *_ in effects:
         per_handler.setdefault(handler, collections.Counter())[event_id] += 1
     effect_dups = {
@@ -1445,7 +1528,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
 
     print()
     print(
-        f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {ARGS.relays} relays, "
+        f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {BROKER.describe()}, "
+        f"{ARGS.relays} relays, "
         f"lease {LEASE:g} s, {ARGS.writers} writers at {ARGS.rate:g} events/s, "
         f"{ARGS.seconds:g} s, seed {ARGS.seed}"
     )
@@ -1460,7 +1544,7 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         f"{ledger.counts['aborted transactions']:,} transactions)"
         + (f"; commits that raised: {unknown}" if unknown else ""),
     )
-    kinds = [*KINDS, "db-restart"]
+    kinds = [*RELAY_KINDS, *BROKER.kinds, "db-restart"]
     faults = ", ".join(f"{k} {chaos.injected[k]}" for k in kinds if chaos.injected[k])
     skipped = sum(chaos.skipped.values())
     show(
@@ -1489,6 +1573,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
             "(publish() -> SUCCEEDED)",
         )
     show("broker messages consumed", f"{sum(seen.values()):,}")
+    if BROKER.summary():
+        show("  broker", BROKER.summary())
     copies = collections.Counter(n for n in seen.values() if n > 1)
     show(
         "  duplicates at the broker",
@@ -1527,15 +1613,16 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         + ", others "
         + must_be_zero("on_commit sends of other events", sent_strays),
     )
-    show(
-        "poison messages",
-        f"{poison} sent ("
-        + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
-        + f"); dead-lettered as undecodable {poison_parked}, not "
-        + must_be_zero(
-            "poison messages not dead-lettered", max(0, poison - poison_parked)
-        ),
-    )
+    if consumers:
+        show(
+            "poison messages",
+            f"{poison} sent ("
+            + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
+            + f"); dead-lettered as undecodable {poison_parked}, not "
+            + must_be_zero(
+                "poison messages not dead-lettered", max(0, poison - poison_parked)
+            ),
+        )
     show(
         "processes that crashed",
         must_be_zero("processes that exited by themselves", chaos.crashes),
@@ -1602,9 +1689,9 @@ def soak() -> int:
         status = run(log_dir)
     finally:
         try:
-            BROKER.allow()
+            BROKER.restore()
         except Exception as exc:
-            print(f"could not restore the vhost's permissions: {exc}", file=sys.stderr)
+            print(f"could not restore the broker: {exc}", file=sys.stderr)
     if status == 0 and not keep:
         for path in log_dir.iterdir():
             path.unlink()
