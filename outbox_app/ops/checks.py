@@ -197,8 +197,14 @@ def check_subscriptions(app_configs=None, databases=None, **kwargs):
     from ..store.models import Subscription
 
     messages: list[checks.CheckMessage] = []
-    known = {s.name for s in [*handlers(), *publishers()]}
-    known |= {alias for s in [*handlers(), *publishers()] for alias in s.aliases}
+    if not databases:
+        return messages
+    try:
+        subscribers = [*handlers(), *publishers()]
+    except ImproperlyConfigured:  # a publisher's options: outbox.E015 says which
+        return messages
+    known = {s.name for s in subscribers}
+    known |= {alias for s in subscribers for alias in s.aliases}
     for alias in databases or ():
         try:
             live = set(
