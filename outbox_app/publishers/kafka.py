@@ -270,55 +270,30 @@ class KafkaPublisher(Publisher):
                 flight.settle(index, error)
             return flight
         flight.producer = producer
-        flight.waiting = len(ready)  # each report, or refusal, takes one off
-        produce, report, partial = producer.produce, flight.report, functools.partial
+        produce, report = producer.produce, flight.report
         for index, topic, key, value, headers in ready:
-            try:
-                produce(
-                    topic,
-                    value,
-                    key,
-                    headers=headers,
-                    on_delivery=partial(report, index),
-                )
-            except BufferError:  # librdkafka's queue is full: make room
-                self._produce_when_room(flight, index, topic, key, value, headers)
-            except Exception as exc:  # KafkaException: refused at once
-                report(index, _kafka_error(exc), None)
+            flight.waiting += 1
+            while True:
+                try:
+                    produce(
+                        topic,
+                        value,
+                        key,
+                        headers=headers,
+                        on_delivery=functools.partial(report, index),
+                    )
+                    break
+                except BufferError:  # librdkafka's queue is full: make room
+                    producer.poll(0.05)
+                    if time.monotonic() < flight.deadline:
+                        continue
+                    flight.report(index, _QueueFull(), None)
+                    break
+                except Exception as exc:  # KafkaException: refused at once
+                    flight.report(index, _kafka_error(exc), None)
+                    break
         producer.poll(0)
         return flight
-
-    def _produce_when_room(
-        self,
-        flight: _InFlight,
-        index: int,
-        topic: str,
-        key: bytes | None,
-        value: bytes,
-        headers: list,
-    ) -> None:
-        """Produce a record librdkafka's full queue refused, serving reports
-        until there is room, at most until the batch's deadline."""
-        producer = flight.producer
-        while True:
-            producer.poll(0.05)
-            if time.monotonic() >= flight.deadline:
-                flight.report(index, _QueueFull(), None)
-                return
-            try:
-                producer.produce(
-                    topic,
-                    value,
-                    key,
-                    headers=headers,
-                    on_delivery=functools.partial(flight.report, index),
-                )
-                return
-            except BufferError:
-                continue
-            except Exception as exc:  # KafkaException: refused at once
-                flight.report(index, _kafka_error(exc), None)
-                return
 
     def collect(self, sent: _InFlight) -> list[BaseException | None]:
         """Serve delivery reports until every message of ``sent`` has one, at
