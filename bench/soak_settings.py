@@ -7,7 +7,9 @@ has it, plus only what the soak needs.
   ``OUTBOX_NAMESPACE = "soak"``;
 - one RabbitMQ publisher, ``soak.broker``, to ``$SOAK_BROKER_URL``, exchange
   and durable queue ``soak.events`` (``DECLARE``); every other option at
-  its default;
+  its default; with ``$SOAK_KAFKA_SERVERS`` set (``--broker kafka``), a
+  Kafka publisher ``soak.broker`` to those servers instead, topic
+  ``soak.events``, every other option at its default;
 - ``OUTBOX_LEASE_SECONDS`` from ``$SOAK_LEASE_SECONDS`` (seconds) when set
   (the ``--lease`` option: a stall past the lease then takes seconds, not a
   minute); otherwise the default.
@@ -57,19 +59,28 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SOAK_EXCHANGE = SOAK_QUEUE = "soak.events"
 
 OUTBOX_NAMESPACE = "soak"
+RABBITMQ_URL = os.environ.get(
+    "SOAK_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/outbox_soak"
+)
 OUTBOX_PUBLISHERS = {
     "soak.broker": {
-        "URL": os.environ.get(
-            "SOAK_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/outbox_soak"
-        ),
+        "URL": RABBITMQ_URL,
         "EXCHANGE": SOAK_EXCHANGE,
         "DECLARE": [SOAK_QUEUE],
     }
 }
+if os.environ.get("SOAK_KAFKA_SERVERS"):  # python -m bench.soak --broker kafka
+    OUTBOX_PUBLISHERS = {
+        "soak.broker": {
+            "BACKEND": "outbox_app.publishers.kafka.KafkaPublisher",
+            "BOOTSTRAP_SERVERS": os.environ["SOAK_KAFKA_SERVERS"],
+            "TOPIC": SOAK_QUEUE,
+        }
+    }
 if os.environ.get("SOAK_LEASE_SECONDS"):
     OUTBOX_LEASE_SECONDS = float(os.environ["SOAK_LEASE_SECONDS"])
 
 # ``manage.py consume`` (the soak's consumer process, bench/soakapp/consumers.py)
-# reads the relays' exchange from the same vhost.
-OUTBOX_INBOX_URL = OUTBOX_PUBLISHERS["soak.broker"]["URL"]
+# reads the relays' exchange from the same vhost (not run against Kafka).
+OUTBOX_INBOX_URL = RABBITMQ_URL
 OUTBOX_INBOX_EXCHANGE = SOAK_EXCHANGE

@@ -39,6 +39,7 @@ from ..exceptions import (
 from ..subscribers import DeliveryContext
 from .base import (
     COMMON_OPTIONS,
+    DERIVED_FIELDS,
     Publisher,
     config_error,
     encode_each,
@@ -200,6 +201,11 @@ class KafkaPublisher(Publisher):
         self.key = options.get("KEY", DEFAULT_KEY)
         self._key_fields = template_fields(name, "KEY", self.key)
         self.format = options.get("FORMAT", "cloudevents")
+        self._render_topic = _renderer(self.topic, self._topic_fields, self.wire)
+        self._render_key = _renderer(self.key, self._key_fields, self.wire)
+        #: The headers of every record but Debezium's (confluent-kafka copies
+        #: them into each record: one list serves all).
+        self._headers = [("content-type", self.wire.content_type.encode())]
         self.delivery_timeout = float(timeout)
         self.config = {
             "client.id": f"outbox-{name}",
@@ -332,7 +338,7 @@ class KafkaPublisher(Publisher):
                 "again, a consumer sees it twice)"
             )
             sent.fail_waiting(error)
-        results = [sent.judge(self, i) for i in range(len(sent.outcomes))]
+        results = sent.judged(self)
         if current and any(isinstance(r, PublisherUnavailable) for r in results):
             self._drop()  # a new producer for the next batch
         return results
@@ -396,17 +402,17 @@ class KafkaPublisher(Publisher):
     def _encode(
         self, context: DeliveryContext
     ) -> tuple[str, bytes | None, bytes, list]:
-        wire = self.wire
-        topic = self._topic_of(render(self.topic, self._topic_fields, context, wire))
-        key = render(self.key, self._key_fields, context, wire).encode() or None
-        value = wire.body(context)
+        rendered = self._render_topic(context)
+        topic = self._topics.get(rendered) or self._topic_of(rendered)
+        key = self._render_key(context).encode() or None
+        value = self.wire.body(context)
         if self.format == "debezium":  # as Debezium's outbox event router
             headers = [
                 ("id", str(context.event_id).encode()),
                 ("eventType", context.event_type.encode()),
             ]
         else:
-            headers = [("content-type", wire.content_type.encode())]
+            headers = self._headers
         return topic, key, value, headers
 
     def _topic_of(self, rendered: str) -> str:
@@ -471,6 +477,26 @@ class KafkaPublisher(Publisher):
             logger.debug("publisher %s: closing the producer", self.name, exc_info=True)
 
 
+def _renderer(template: str, used: frozenset[str], wire: Any) -> Any:
+    """A function of a context rendering ``template`` as :func:`render`
+    does; for a template that is one plain field (the default topic and key),
+    that field's text without building the mapping ``render`` formats."""
+    name = next(iter(used)) if len(used) == 1 else None
+    if (
+        name is not None
+        and template == "{" + name + "}"
+        and name not in DERIVED_FIELDS
+        and name != "operation"
+    ):
+
+        def field(context: DeliveryContext) -> str:
+            value = getattr(context, name)
+            return "" if value is None else format(value)
+
+        return field
+    return functools.partial(render, template, used, wire=wire)
+
+
 class _LibrdkafkaLog:
     """Where librdkafka's log lines go (its ``logger`` setting): the debug
     level of this module's logger, since a relay reports an outage once, as a
@@ -492,16 +518,19 @@ class _InFlight:
         self.deadline = deadline
         self.waiting = 0  # messages produced and not reported
         self.producer: Any = None  # the producer they were handed to
+        self.reported_errors = False  # a report with an error came
 
     def settle(self, index: int, outcome: BaseException | None) -> None:
         self.outcomes[index] = outcome
 
     def report(self, index: int, error: Any, message: Any) -> None:
         """The delivery report of message ``index`` (librdkafka's
-        ``on_delivery``): its KafkaError, or None."""
+        ``on_delivery``): its KafkaError, or None (delivered)."""
         if self.outcomes[index] is _WAITING:
-            self.outcomes[index] = _Reported(error)
+            self.outcomes[index] = None if error is None else _Reported(error)
             self.waiting -= 1
+            if error is not None:
+                self.reported_errors = True
 
     def fail_waiting(self, error: BaseException) -> None:
         for index, outcome in enumerate(self.outcomes):
@@ -509,11 +538,15 @@ class _InFlight:
                 self.outcomes[index] = error
         self.waiting = 0
 
-    def judge(self, publisher: KafkaPublisher, index: int) -> BaseException | None:
-        outcome = self.outcomes[index]
-        if isinstance(outcome, _Reported):
-            outcome = self.outcomes[index] = _outcome(publisher, outcome.error)
-        return outcome
+    def judged(self, publisher: KafkaPublisher) -> list[BaseException | None]:
+        """The outcomes, each report's error judged (:func:`_outcome`)."""
+        if self.reported_errors:
+            self.outcomes = [
+                _outcome(publisher, o.error) if isinstance(o, _Reported) else o
+                for o in self.outcomes
+            ]
+            self.reported_errors = False
+        return list(self.outcomes)
 
 
 class _Reported:

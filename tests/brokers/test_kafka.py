@@ -36,7 +36,7 @@ from outbox_app.exceptions import (
     UndeliverableMessage,
 )
 from outbox_app.models import SubscriberPause
-from outbox_app.publishers.base import build_publisher
+from outbox_app.publishers.base import build_publisher, render, template_fields
 from outbox_app.publishers.kafka import KafkaPublisher
 from outbox_app.relay import deliver
 from outbox_app.relay.registry import close_publishers
@@ -154,6 +154,31 @@ def test_topics_are_sanitised_to_kafkas_alphabet():
     for bad in ("", ".", "..", "x" * 250):
         with pytest.raises(ValueError, match="not a Kafka topic name"):
             built._topic_of(bad)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{aggregate_type}",
+        "{aggregate_id}",
+        "{aggregate_version}",
+        "{action_id}",
+        "{event_id}",
+        "{occurred_at}",
+        "{dimension}",
+        "{operation}",
+        "{headers[correlation_id]}",
+        "outbox.event.{aggregate_type}",
+    ],
+)
+@pytest.mark.parametrize("aggregate_id", ["42", None])
+def test_topic_and_key_templates_render_as_every_publishers_do(template, aggregate_id):
+    built = KafkaPublisher(
+        "bus", {"BOOTSTRAP_SERVERS": "k:9092", "TOPIC": template, "KEY": template}
+    )
+    sent = context(7, aggregate_id=aggregate_id, action_id=None)
+    expected = render(template, template_fields("bus", "KEY", template), sent)
+    assert built._render_topic(sent) == built._render_key(sent) == expected
 
 
 def _serious(publishers: dict) -> list:
