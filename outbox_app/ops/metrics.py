@@ -30,6 +30,8 @@ Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
 ``outbox_events_awaiting_fanout``          events not fanned out yet (rows)
 ``outbox_fanout_lag_seconds``              age of the oldest of them
 ``outbox_publisher_paused{subscriber}``    1 while a relay has it paused (outage)
+``outbox_subscriber_paused_by_operator``  1 while an operator has it paused
+``{subscriber}``
 ``outbox_subscription_unserved``           subscriptions no running relay has
 ``{subscriber,event_type}``
 ``outbox_inbox_messages{consumer,state}``  the inbox's messages (``consume``)
@@ -126,6 +128,15 @@ class OutboxCollector:
         for pause in data["paused"]:
             paused.add_metric([pause["subscriber"]], 1)
         yield paused
+        held = core.GaugeMetricFamily(
+            "outbox_subscriber_paused_by_operator",
+            "1 while an operator has the subscriber paused (admin action or "
+            "outbox_subscribers --pause): its deliveries wait.",
+            labels=["subscriber"],
+        )
+        for pause in data["paused_by_operator"]:
+            held.add_metric([pause["subscriber"]], 1)
+        yield held
         unserved = core.GaugeMetricFamily(
             "outbox_subscription_unserved",
             "1 for a subscription no running relay has refreshed lately.",

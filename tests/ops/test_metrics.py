@@ -138,3 +138,16 @@ def test_a_short_token_is_a_check_error(settings):
 
     settings.OUTBOX_METRICS_TOKEN = "short"
     assert [m.id for m in check_settings()] == ["outbox.E018"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscriber_an_operator_paused_is_a_series():
+    from outbox_app.models import Subscription
+    from outbox_app.subscribers import Handler
+
+    handler = Handler(name="ops.audit", event_types=frozenset({"OrderPlaced"}))
+    Subscription.objects.record([handler], "host:1")
+    key = ("outbox_subscriber_paused_by_operator", (("subscriber", "ops.audit"),))
+    assert key not in samples(command("--format", "prometheus"))
+    Subscription.objects.filter(subscriber="ops.audit").pause(by="admin: alice")
+    assert samples(command("--format", "prometheus"))[key] == 1
