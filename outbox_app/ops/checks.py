@@ -94,6 +94,7 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """Publishers can be built; handlers listen to event types that exist."""
     from django.core.exceptions import ImproperlyConfigured
 
+    from ..inbox.registry import consumers
     from ..publishers.base import build_publisher
     from ..relay.registry import handlers
 
@@ -131,8 +132,9 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 )
                 for package in publisher.missing_packages()
             )
+    known = known_types()
     for subscriber in [*handlers(), *built]:
-        for event_type in sorted((subscriber.event_types or set()) - known_types()):
+        for event_type in sorted((subscriber.event_types or set()) - known):
             messages.append(
                 checks.Warning(
                     f"{subscriber.kind} {subscriber.name!r} is registered for event "
@@ -145,11 +147,9 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             )
     # Consumers receive other services' types, which this one need not
     # define: only a near miss of a type it knows is worth a word.
-    from ..inbox.registry import consumers
-
     for consumer in consumers():
-        for event_type in sorted((consumer.event_types or set()) - known_types()):
-            near = difflib.get_close_matches(event_type, known_types(), n=1)
+        for event_type in sorted((consumer.event_types or set()) - known):
+            near = difflib.get_close_matches(event_type, known, n=1)
             if near:
                 messages.append(
                     checks.Warning(
