@@ -5,9 +5,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import cProfile
+import glob
 import inspect
+import os
+import resource
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -194,3 +198,55 @@ def summarize(
             {unit: list(medians.values())},
         )
         print(f"plot: {path}")
+
+
+class CpuMeter:
+    """CPU seconds spent by each party of a benchmark between :meth:`start`
+    and :meth:`stop` (Linux ``/proc``): this process (``self``: a raw client's
+    work), its children that exited (``relay``: ``RUSAGE_CHILDREN``), the
+    database server (processes named ``postgres``, ``mariadbd``, ``mysqld``)
+    and RabbitMQ (``beam.smp``). A server's exited workers count through
+    their parent's ``cutime``/``cstime`` (a PostgreSQL backend whose relay
+    disconnected), so nothing is counted twice or lost."""
+
+    SERVERS = {
+        "postgres": "database",
+        "mariadbd": "database",
+        "mysqld": "database",
+        "beam.smp": "rabbitmq",
+    }
+
+    def __init__(self) -> None:
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.began: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        totals = collections.Counter(
+            {"self": _own("RUSAGE_SELF"), "relay": _own("RUSAGE_CHILDREN")}
+        )
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                text = Path(stat).read_text()
+            except OSError:
+                continue  # exited meanwhile
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            party = self.SERVERS.get(name)
+            if party:
+                fields = text[text.rindex(")") + 2 :].split()
+                totals[party] += sum(map(int, fields[11:15])) / self.tick
+        return dict(totals)
+
+    def start(self) -> None:
+        self.began = self._read()
+
+    def stop(self) -> dict[str, float]:
+        """Seconds of CPU per party since :meth:`start`."""
+        now = self._read()
+        self.spent = {k: now.get(k, 0.0) - self.began.get(k, 0.0) for k in now}
+        return self.spent
+
+
+def _own(who: str) -> float:
+    usage = resource.getrusage(getattr(resource, who))
+    return usage.ru_utime + usage.ru_stime

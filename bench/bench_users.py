@@ -26,6 +26,8 @@ CHARACTER SET utf8mb4"``)::
     # e) a 300 s RabbitMQ outage under a 5 events/s writer (no baseline)
     DATABASE_URL=$PG .venv/bin/python -m bench.bench_users outage --outage 300 \\
         --plot bench_users_outage_postgresql
+    # g) 1, 2 and 4 relays on one database, 50,000 events, a no-op handler
+    DATABASE_URL=$PG .venv/bin/python -m bench.bench_users scaleout
     # f) relay --once beside 200,000 deliveries scheduled for tomorrow
     DATABASE_URL=$PG .venv/bin/python -m bench.bench_users scheduled
     # the same figures beside: DATABASE_URL=$MARIADB ..., DATABASE_URL=$SQLITE ...
@@ -87,6 +89,12 @@ baseline. A third run has as many events published without a schedule and
 delivered before the due ones, so its tables are as big: what size alone
 costs. Goal: beside scheduled >= 0.9x beside delivered.
 
+**g) scaleout.** ``--events`` (50,000) events published, not fanned out; 1,
+2 and 4 ``relay --once`` processes with default settings started together
+(``--to handler``: one no-op handler; ``--to rabbitmq``: the RabbitMQ
+publisher of a)), timed from the first spawn to the last exit: deliveries/s,
+one relay as the baseline. Goals: 2 relays >= 1.3x one, 4 no slower than 2.
+
 **e) outage.** The relay (no ``--once``, defaults) publishes to RabbitMQ
 through a loopback TCP proxy (``tests/brokers/proxy.py``); a writer thread publishes
 ``--rate`` (5) events/s throughout. After ``--before`` seconds the proxy is cut
@@ -126,6 +134,7 @@ from django.db import connection, connections, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import (  # noqa: E402
+    CpuMeter,
     bare,
     context_for,
     percentile,
@@ -276,6 +285,8 @@ def broker(args: argparse.Namespace) -> None:
     }
     env = {"BENCH_PUBLISHERS": publishers()}
     empty: list[float] = []
+    meter = CpuMeter()
+    cpu: dict[str, list[dict[str, float]]] = {"raw pika": [], "relay --once": []}
     for round_ in range(args.rounds):
         empty.append(start_up(**env))
         publish_backlog(args.events)
@@ -284,14 +295,19 @@ def broker(args: argparse.Namespace) -> None:
             for event in OutboxEvent.objects.iterator(chunk_size=2000)
         ]
         rabbit.declare(EXCHANGE, QUEUE)
+        meter.start()
         rates["raw pika"].append(rabbit.raw_pika(messages, EXCHANGE))
+        cpu["raw pika"].append(meter.stop())
         rabbit.declare(EXCHANGE, QUEUE)
         rates["raw py-amqp"].append(rabbit.raw_amqp(messages, EXCHANGE))
         for i, (name, extra) in enumerate(variants.items()):
             if i:
                 publish_backlog(args.events)
             rabbit.declare(EXCHANGE, QUEUE)
+            meter.start()
             rates[name].append(args.events / relay_once(args.events, *extra, **env))
+            if name in cpu:
+                cpu[name].append(meter.stop())
             queued = rabbit.count(QUEUE)
             assert queued == args.events, (name, queued)
         print_round(round_, rates)
@@ -310,10 +326,33 @@ def broker(args: argparse.Namespace) -> None:
         title=f"relay --once to RabbitMQ, {args.events:,} events ({VENDOR})",
         plot=args.plot,
     )
+    print_cpu(cpu, args.events, medians)
     ratio = medians["relay --once"] / medians["raw pika"]
     goal(f"relay --once >= 0.8x raw pika (is {ratio:.2f}x)", ratio >= 0.8)
     reset()
     rabbit.delete(EXCHANGE, QUEUE)
+
+
+def print_cpu(
+    cpu: dict[str, list[dict[str, float]]], events: int, rates: dict[str, float]
+) -> None:
+    """CPU per event of each party (medians over the rounds), and the cores
+    the run kept busy at its median rate: where the machine's two cores went
+    (:class:`bench.CpuMeter`)."""
+    parties = ("self", "relay", "database", "rabbitmq")
+    print(
+        f"{'CPU per event (us, median)':<28}"
+        + "".join(f"{p:>10}" for p in parties)
+        + f"{'total':>10}{'cores busy':>12}"
+    )
+    for name, runs in cpu.items():
+        per = {p: statistics.median(r.get(p, 0.0) for r in runs) for p in parties}
+        total = sum(per.values())
+        print(
+            f"{name:<28}"
+            + "".join(f"{per[p] / events * 1e6:>10.1f}" for p in parties)
+            + f"{total / events * 1e6:>10.1f}{total / events * rates[name]:>12.2f}"
+        )
 
 
 def print_round(round_: int, rates: dict[str, list[float]]) -> None:
@@ -361,6 +400,80 @@ def handlers(args: argparse.Namespace) -> None:
     goal(f"relay --once >= 0.5x the bare loop (is {ratio:.2f}x)", ratio >= 0.5)
     goal(f"relay --once >= 5,000 deliveries/s (is {rate:,.0f}/s)", rate >= 5000)
     reset()
+
+
+# --- g) scale-out: several relays on one database ----------------------------------
+
+
+def relays_once(count: int, expected: int, **env: str) -> float:
+    """Start ``count`` ``relay --once`` processes at once; seconds from the
+    first spawn to the last exit. Checks that together they delivered
+    ``expected`` deliveries."""
+    began = time.perf_counter()
+    children = [
+        subprocess.Popen(
+            relay_command("--once"),
+            cwd=ROOT,
+            env=child_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    outputs = [child.communicate() for child in children]
+    elapsed = time.perf_counter() - began
+    delivered = 0
+    for child, (out, err) in zip(children, outputs, strict=True):
+        if child.returncode:
+            raise SystemExit(f"relay failed ({child.returncode}):\n{err}")
+        summary = re.search(r"^delivered (\d+).*", out, re.MULTILINE)
+        delivered += int(summary[1]) if summary else 0
+    assert delivered == expected, (count, delivered)
+    return elapsed
+
+
+def scaleout(args: argparse.Namespace) -> None:
+    counts = [1, 2, 4]
+    names = {n: f"{n} relay{'s' if n > 1 else ''}" for n in counts}
+    rates: dict[str, list[float]] = {names[n]: [] for n in counts}
+    if args.to == "rabbitmq":
+        env = {"BENCH_PUBLISHERS": publishers()}
+    else:
+        env = {"BENCH_NOOP_HANDLER": "1"}
+    for round_ in range(args.rounds):
+        for n in counts:
+            publish_backlog(args.events)
+            if args.to == "rabbitmq":
+                rabbit.declare(EXCHANGE, QUEUE)
+            rates[names[n]].append(args.events / relays_once(n, args.events, **env))
+            if args.to == "rabbitmq":
+                assert rabbit.count(QUEUE) >= args.events
+        print_round(round_, rates)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    what = "RabbitMQ" if args.to == "rabbitmq" else "a no-op handler"
+    print(
+        f"{VENDOR}, {args.events:,} events published, not fanned out; N relay "
+        f"--once processes with default settings started together, to {what}, "
+        f"timed from the first spawn to the last exit; {args.rounds} round(s)"
+    )
+    summarize(
+        medians,
+        medians[names[1]],
+        column="relays (ratio: to one relay)",
+        unit="deliveries/s",
+        title=f"N relays on one database, {what}, {args.events:,} events ({VENDOR})",
+        plot=args.plot,
+    )
+    two, four = medians[names[2]], medians[names[4]]
+    goal(
+        f"2 relays >= 1.3x one (is {two / medians[names[1]]:.2f}x)",
+        two >= 1.3 * medians[names[1]],
+    )
+    goal(f"4 relays no slower than 2 (is {four / two:.2f}x)", four >= two)
+    reset()
+    if args.to == "rabbitmq":
+        rabbit.delete(EXCHANGE, QUEUE)
 
 
 # --- f) scheduled rows ahead -------------------------------------------------------
@@ -743,6 +856,11 @@ def main() -> None:
         sub.add_argument("--events", type=int, default=events)
         sub.add_argument("--rounds", type=int, default=3)
         sub.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
+    sub = figures.add_parser("scaleout")
+    sub.add_argument("--events", type=int, default=50_000)
+    sub.add_argument("--rounds", type=int, default=3)
+    sub.add_argument("--to", choices=["handler", "rabbitmq"], default="handler")
+    sub.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
     sub = figures.add_parser("latency")
     sub.add_argument("--events", type=int, default=3000)
     sub.add_argument("--rate", type=float, default=200)
@@ -767,6 +885,7 @@ def main() -> None:
         "latency": latency,
         "outage": outage,
         "scheduled": scheduled,
+        "scaleout": scaleout,
     }[args.figure](args)
 
 
