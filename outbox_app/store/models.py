@@ -137,8 +137,23 @@ class OutboxEvent(models.Model):
                 when=Q(fanned_out=False),
                 fallback_prefix=["fanned_out"],
             ),
-            models.Index(fields=["action_id"], name="outbox_event_action"),
-            models.Index(fields=["tenant_id", "id"], name="outbox_event_tenant"),
+            # Only the events that have an action or a tenant are indexed:
+            # most have neither, and an entry per event would cost every
+            # publish() and every fan-out (which writes the row anew) an
+            # index insert for nothing. A query for one action or tenant
+            # implies NOT NULL, so it uses them.
+            FilteredIndex(
+                fields=["action_id"],
+                name="outbox_event_action_set",
+                when=Q(action_id__isnull=False),
+                fallback_prefix=[],
+            ),
+            FilteredIndex(
+                fields=["tenant_id", "id"],
+                name="outbox_event_tenant_set",
+                when=Q(tenant_id__isnull=False),
+                fallback_prefix=[],
+            ),
             models.Index(fields=["created_at"], name="outbox_event_created"),
         ]
 
@@ -235,7 +250,15 @@ class Delivery(models.Model):
                 fallback_prefix=[],
             ),
             models.Index(fields=["state", "subscriber"], name="outbox_delivery_state"),
-            models.Index(fields=["completed_at"], name="outbox_delivery_completed"),
+            # Finished rows only (purge and the status's rates read them by
+            # completion time): a delivery is born unfinished, so fan-out
+            # writes no entry here.
+            FilteredIndex(
+                fields=["completed_at"],
+                name="outbox_delivery_completed_set",
+                when=Q(completed_at__isnull=False),
+                fallback_prefix=[],
+            ),
         ]
         permissions = [
             ("requeue_delivery", _("Can requeue, retry and dead-letter deliveries")),
