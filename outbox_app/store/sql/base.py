@@ -218,7 +218,9 @@ class Dialect:
         ``DateTimeField`` reads it (SQLite returns expressions as text)."""
         if isinstance(value, str):
             value = parse_datetime(value)
-        if value is not None and settings.USE_TZ and timezone.is_naive(value):
+        # The driver's aware values (PostgreSQL) are taken as they are,
+        # without reading the settings (a lazy object: slow, and per row).
+        if value is not None and value.tzinfo is None and settings.USE_TZ:
             value = timezone.make_aware(value, connections[self.alias].timezone)
         return value
 
