@@ -204,16 +204,17 @@ class CpuMeter:
     """CPU seconds spent by each party of a benchmark between :meth:`start`
     and :meth:`stop` (Linux ``/proc``): this process (``self``: a raw client's
     work), its children that exited (``relay``: ``RUSAGE_CHILDREN``), the
-    database server (processes named ``postgres``, ``mariadbd``, ``mysqld``)
-    and RabbitMQ (``beam.smp``). A server's exited workers count through
-    their parent's ``cutime``/``cstime`` (a PostgreSQL backend whose relay
-    disconnected), so nothing is counted twice or lost."""
+    database server (processes named ``postgres``, ``mariadbd``, ``mysqld``),
+    RabbitMQ (``beam.smp``) and Kafka (``tansu``). A server's exited workers
+    count through their parent's ``cutime``/``cstime`` (a PostgreSQL backend
+    whose relay disconnected), so nothing is counted twice or lost."""
 
     SERVERS = {
         "postgres": "database",
         "mariadbd": "database",
         "mysqld": "database",
         "beam.smp": "rabbitmq",
+        "tansu": "kafka",
     }
 
     def __init__(self) -> None:
@@ -250,3 +251,27 @@ class CpuMeter:
 def _own(who: str) -> float:
     usage = resource.getrusage(getattr(resource, who))
     return usage.ru_utime + usage.ru_stime
+
+
+def print_cpu(
+    cpu: dict[str, list[dict[str, float]]],
+    events: int,
+    rates: dict[str, float],
+    parties: tuple[str, ...],
+) -> None:
+    """CPU per event of each party (medians over the rounds of
+    :meth:`CpuMeter.stop`'s figures), and the cores the run kept busy at its
+    median rate: where the machine's cores went."""
+    print(
+        f"{'CPU per event (us, median)':<28}"
+        + "".join(f"{p:>10}" for p in parties)
+        + f"{'total':>10}{'cores busy':>12}"
+    )
+    for name, runs in cpu.items():
+        per = {p: sorted(r.get(p, 0.0) for r in runs)[len(runs) // 2] for p in parties}
+        total = sum(per.values())
+        print(
+            f"{name:<28}"
+            + "".join(f"{per[p] / events * 1e6:>10.1f}" for p in parties)
+            + f"{total / events * 1e6:>10.1f}{total / events * rates[name]:>12.2f}"
+        )

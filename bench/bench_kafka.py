@@ -49,7 +49,7 @@ from confluent_kafka import Producer  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench import context_for, summarize  # noqa: E402
+from bench import CpuMeter, context_for, print_cpu, summarize  # noqa: E402
 from bench.bench_nats import in_process  # noqa: E402  (any publisher)
 from bench.bench_users import (  # noqa: E402
     VENDOR,
@@ -119,6 +119,11 @@ def main() -> None:
         "relay --once": [],
     }
     empty: list[float] = []
+    meter = CpuMeter()
+    cpu: dict[str, list[dict[str, float]]] = {
+        "raw confluent-kafka": [],
+        "relay --once": [],
+    }
     with Tansu() as tansu:
         servers = tansu.servers
 
@@ -134,14 +139,18 @@ def main() -> None:
                 encoder._encode(context_for(event, subscriber=PUBLISHER))
                 for event in OutboxEvent.objects.iterator(chunk_size=2000)
             ]
+            meter.start()
             rates["raw confluent-kafka"].append(raw(servers, records))
+            cpu["raw confluent-kafka"].append(meter.stop())
             publisher = KafkaPublisher(PUBLISHER, options(servers, f"deliver{round_}"))
             rates["deliver()"].append(in_process(args.events, publisher))
             publisher.close()
             noop = NoopPublisher(PUBLISHER, {})
             rates["deliver(), no-op publisher"].append(in_process(args.events, noop))
             publish_backlog(args.events)
+            meter.start()
             seconds = relay_once(args.events, **env(f"relay{round_}"))
+            cpu["relay --once"].append(meter.stop())
             rates["relay --once"].append(args.events / seconds)
             print(
                 f"round {round_ + 1}: "
@@ -162,6 +171,7 @@ def main() -> None:
         title=f"{args.events:,} events to Kafka (tansu, {connection.vendor})",
         plot=args.plot,
     )
+    print_cpu(cpu, args.events, medians, ("self", "relay", "database", "kafka"))
     reset()
 
 

@@ -138,6 +138,7 @@ from bench import (  # noqa: E402
     bare,
     context_for,
     percentile,
+    print_cpu,
     publish_orders,
     rabbit,
     summarize,
@@ -326,33 +327,11 @@ def broker(args: argparse.Namespace) -> None:
         title=f"relay --once to RabbitMQ, {args.events:,} events ({VENDOR})",
         plot=args.plot,
     )
-    print_cpu(cpu, args.events, medians)
+    print_cpu(cpu, args.events, medians, ("self", "relay", "database", "rabbitmq"))
     ratio = medians["relay --once"] / medians["raw pika"]
     goal(f"relay --once >= 0.8x raw pika (is {ratio:.2f}x)", ratio >= 0.8)
     reset()
     rabbit.delete(EXCHANGE, QUEUE)
-
-
-def print_cpu(
-    cpu: dict[str, list[dict[str, float]]], events: int, rates: dict[str, float]
-) -> None:
-    """CPU per event of each party (medians over the rounds), and the cores
-    the run kept busy at its median rate: where the machine's two cores went
-    (:class:`bench.CpuMeter`)."""
-    parties = ("self", "relay", "database", "rabbitmq")
-    print(
-        f"{'CPU per event (us, median)':<28}"
-        + "".join(f"{p:>10}" for p in parties)
-        + f"{'total':>10}{'cores busy':>12}"
-    )
-    for name, runs in cpu.items():
-        per = {p: statistics.median(r.get(p, 0.0) for r in runs) for p in parties}
-        total = sum(per.values())
-        print(
-            f"{name:<28}"
-            + "".join(f"{per[p] / events * 1e6:>10.1f}" for p in parties)
-            + f"{total / events * 1e6:>10.1f}{total / events * rates[name]:>12.2f}"
-        )
 
 
 def print_round(round_: int, rates: dict[str, list[float]]) -> None:
