@@ -12,10 +12,11 @@ it. Sentinel rows are never fanned out.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..conf import outbox_settings
 from ..events.ids import worker_name
@@ -100,6 +101,7 @@ def fan_out(
     batch_size: int | None = None,
     max_seconds: float | None = None,
     subscribers: Sequence[Subscriber] | None = None,
+    types_of: Callable[[Sequence[Subscriber]], frozenset[str] | None] | None = None,
 ) -> int:
     """Create the deliveries of events awaiting fan-out, oldest first, in batches.
 
@@ -124,13 +126,15 @@ def fan_out(
             :func:`subscribed_types`); default every registered handler and
             configured publisher. Deliveries are created for every active
             subscription, whoever recorded it.
+        types_of: reads the event types ``subscribers`` make fan out
+            (default :func:`subscribed_types` on ``using``; a relay's loop
+            passes the reading it keeps, refreshed once a second).
 
     Returns:
         Number of events fanned out.
     """
-    types = subscribed_types(
-        registry.subscribers() if subscribers is None else subscribers, using
-    )
+    chosen = registry.subscribers() if subscribers is None else subscribers
+    types = (types_of or functools.partial(subscribed_types, using=using))(chosen)
     if types is not None and not types:
         return 0
     batch_size = batch_size or outbox_settings.BATCH_SIZE

@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from ..conf import outbox_settings
@@ -76,6 +76,40 @@ class Held:
         return name in self.names
 
 
+class SubscriptionView:
+    """What a relay reads of the subscriptions between batches: the
+    subscribers an operator paused (:attr:`held`) and the event types some
+    active subscription receives (:meth:`types`), each read at most once every
+    :data:`HELD_REFRESH_SECONDS`.
+
+    A :func:`deliver` or :func:`relay_once` call reads them afresh unless it
+    is given one; a relay's loop keeps one for its life, so a relay woken for
+    one event sends its claim, not these reads, first. A change made
+    elsewhere (a pause, a new subscription) is seen within a second: the
+    fan-out statement itself reads which subscriptions exist, so stale types
+    only delay the fan-out of a newly subscribed type by that second.
+    """
+
+    def __init__(self, using: str):
+        self.using = using
+        self.held = Held(using)
+        self._types: frozenset[str] | None = None
+        self._read: tuple[tuple[str, ...], float] | None = None
+
+    def types(self, subscribers: Sequence[Subscriber]) -> frozenset[str] | None:
+        """:func:`~outbox_app.relay.fanout.subscribed_types` of ``subscribers``,
+        read again once a second has passed or the subscribers differ."""
+        names, clock = tuple(s.name for s in subscribers), time.monotonic()
+        if (
+            self._read is None
+            or self._read[0] != names
+            or clock - self._read[1] >= HELD_REFRESH_SECONDS
+        ):
+            self._types = subscribed_types(subscribers, self.using)
+            self._read = (names, clock)
+        return self._types
+
+
 def relay_once(
     *,
     kind: Kind | None = None,
@@ -84,6 +118,7 @@ def relay_once(
     max_seconds: float | None = None,
     now: datetime | None = None,
     stop: threading.Event | None = None,
+    view: SubscriptionView | None = None,
 ) -> RelayReport:
     """Fan out, then deliver what is due, once.
 
@@ -98,21 +133,35 @@ def relay_once(
             (:func:`~outbox_app.store.clock.database_now`).
         stop: when set (a relay shutting down), no new batch is claimed and the
             unattempted rows of the current handler batch are released.
+        view: the paused subscribers and subscribed types, as a relay's loop
+            keeps them (:class:`SubscriptionView`); default read afresh.
 
     Returns:
         RelayReport with the counts.
     """
+    view = view or SubscriptionView(using)
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
 
     def remaining() -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    options = {"kind": kind, "using": using, "batch_size": batch_size, "now": now}
+    options = {
+        "kind": kind,
+        "using": using,
+        "batch_size": batch_size,
+        "now": now,
+        "view": view,
+    }
     # Delivery fans out as it claims (unordered subscribers); what is left
     # (events only ordered subscribers, or subscribers of the other kind,
     # receive) is fanned out next, then delivered.
     report = deliver(max_seconds=remaining(), stop=stop, **options)
-    fanned_out = fan_out(using=using, batch_size=batch_size, max_seconds=remaining())
+    fanned_out = fan_out(
+        using=using,
+        batch_size=batch_size,
+        max_seconds=remaining(),
+        types_of=view.types,
+    )
     report.fanned_out += fanned_out
     if fanned_out and not (stop and stop.is_set()) and remaining() != 0:
         report += deliver(max_seconds=remaining(), stop=stop, **options)
@@ -132,6 +181,7 @@ def deliver(
     stop: threading.Event | None = None,
     fold: bool = True,
     claim_ahead: bool = True,
+    view: SubscriptionView | None = None,
 ) -> RelayReport:
     """Claim and deliver due deliveries, batch by batch, until none is due or
     the time budget is spent.
@@ -169,6 +219,8 @@ def deliver(
             second database connection while this one is delivered (PostgreSQL,
             MySQL/MariaDB, outside a transaction); False: each batch is
             claimed after the previous one, on the caller's connection.
+        view: the paused subscribers and subscribed types, as a relay's loop
+            keeps them (:class:`SubscriptionView`); default read afresh.
 
     Returns:
         RelayReport with the counts.
@@ -188,7 +240,8 @@ def deliver(
     stop = stop or threading.Event()
     report = RelayReport()
     ahead = ClaimAhead(using)
-    held = Held(using)
+    view = view or SubscriptionView(using)
+    held = view.held
     runners = {
         s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
     }
@@ -197,7 +250,7 @@ def deliver(
         known = registry.subscribers()
         names = {s.name for s in known}
         known += [s for s in chosen if s.name not in names]
-        folding = Fold(subscribed_types(known, using))
+        folding = Fold(view.types(known))
 
     def claim(subscriber: Subscriber) -> Batch:
         return Batch.claim(subscriber, using, batch_size, now, worker, folding)

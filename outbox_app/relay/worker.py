@@ -28,6 +28,7 @@ from ..health import HealthFile
 from ..publishing.outbox import events_committed
 from ..store.sql import dialect
 from . import RelayReport, relay_once
+from .loop import SubscriptionView
 from .registry import Kind, close_publishers, subscribers
 from .sending import pauses
 from .wake import Listener
@@ -126,6 +127,9 @@ class RelayWorker:
                 or "none",
             )
             backlog = _Backlog()
+            # Paused subscribers and subscribed types, read at most once a
+            # second across iterations, not at each wake-up.
+            view = SubscriptionView(self.using)
             try:
                 while not self.stopping.is_set():
                     began = time.monotonic()
@@ -141,6 +145,7 @@ class RelayWorker:
                             batch_size=self.batch_size,
                             max_seconds=None if self.once else budget,
                             stop=self.stopping,
+                            view=view,
                         )
                     except DatabaseError as exc:
                         failures += 1
@@ -155,7 +160,13 @@ class RelayWorker:
                     if report.claimed or report.fanned_out:
                         logger.debug("relay iteration %s", _fields(report))
                         idle_wait = MIN_POLL_SECONDS
-                        if not self.once:
+                        # An iteration that ended before its budget found
+                        # nothing more to do. Where the relay LISTENs, a commit
+                        # made meanwhile has sent a NOTIFY that ends the wait at
+                        # once, so it waits instead of passing again to find
+                        # nothing; a poll must look.
+                        drained = time.monotonic() - began < budget
+                        if not self.once and not (drained and listener.listens):
                             continue
                     if self.once:
                         break

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import io
 import logging
+import re
 import signal
 import time
 
@@ -516,3 +517,36 @@ def test_narrowing_a_subscribers_types_takes_effect_at_the_next_start():
     rows.record([wide], "relay:3", started=True)
     assert list(live.values_list("event_type", flat=True)) == ["*"]
     assert rows.get(subscriber="bus", event_type="OrderPlaced").retired_by == "ops"
+
+
+def test_a_relay_loop_reads_the_subscriptions_at_most_once_a_second(
+    handlers, monkeypatch
+):
+    """A relay's loop keeps what it read of the subscriptions (paused
+    subscribers, subscribed types) for a second: a relay woken for one event
+    sends its claim and fan-out, not those reads again, and a change made
+    meanwhile is seen once the second has passed."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from outbox_app.relay import loop
+
+    handlers("record")
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    view = loop.SubscriptionView("default")
+    place(1)
+    assert relay_once(view=view).succeeded == 2  # reads them, records them
+    place(1)
+    with CaptureQueriesContext(connection) as queries:
+        assert relay_once(view=view).succeeded == 2
+    # (The fan-out statement joins the subscriptions itself, by design.)
+    reads = re.compile(rf'SELECT .*? FROM "{Subscription._meta.db_table}"')
+    assert not [q for q in queries.captured_queries if reads.match(q["sql"])]
+    # An operator pauses record_a: a view older than a second sees it.
+    operations.pause(Subscription.objects.filter(subscriber="record_a"), by="ops")
+    clock[0] += HELD_REFRESH_SECONDS
+    place(1)
+    report = relay_once(view=view)
+    assert report.succeeded == 1
+    assert states_of("record_a")[0] == State.PENDING  # newest first
