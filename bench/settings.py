@@ -50,3 +50,6 @@ OUTBOX_PUBLISHERS = json.loads(os.environ.get("BENCH_PUBLISHERS") or "{}")
 # bench/bench_consume.py: the broker and exchange manage.py consume reads.
 OUTBOX_INBOX_URL = os.environ.get("BENCH_INBOX_URL")
 OUTBOX_INBOX_EXCHANGE = os.environ.get("BENCH_INBOX_EXCHANGE", "outbox")
+# A figure beside the defaults: OUTBOX_PREPARED_STATEMENTS=1 in the environment
+# (passed on to the relay processes) turns the relay's prepared statements on.
+OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_PREPARED_STATEMENTS") == "1"

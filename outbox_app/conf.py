@@ -62,6 +62,13 @@ DEFAULTS: dict[str, Setting] = {
         "BATCH_SIZE rows; a larger payload is claimed alone (chosen by "
         "measurement: docs/settings.md).",
     ),
+    "PREPARED_STATEMENTS": Setting(
+        False,
+        "PostgreSQL with psycopg 3: the relay prepares its statements on its "
+        "connections (planned once, not at every run); off by default, as "
+        "Django's own statements are, for connection poolers in transaction "
+        "mode (docs/databases.md).",
+    ),
     "POLL_INTERVAL": Setting(
         1.0, "Longest idle wait of the relay loop between polls, in seconds."
     ),
@@ -169,6 +176,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "BATCH_SIZE": ("outbox.E007", positive_int, "a positive integer (rows)"),
     "BATCH_BYTES": ("outbox.E024", positive_int, "a positive integer (bytes)"),
     "POLL_INTERVAL": ("outbox.E008", *SECONDS),
+    "PREPARED_STATEMENTS": (
+        "outbox.E028",
+        lambda v: isinstance(v, bool),
+        "True or False",
+    ),
     "RETENTION_DAYS": ("outbox.E009", positive_int, "a positive integer (days)"),
     "PUBLISHERS": ("outbox.E010", valid_publishers, "a dict of name -> options"),
     "CELERY_WAKE": ("outbox.E011", lambda v: isinstance(v, bool), "True or False"),

@@ -137,3 +137,6 @@ LOGGING = {
 # the test's own (tests/testapp/consumers.py reads OUTBOX_TEST_CONSUMER_QUEUE).
 OUTBOX_INBOX_URL = os.environ.get("OUTBOX_TEST_INBOX_URL")
 OUTBOX_INBOX_EXCHANGE = os.environ.get("OUTBOX_TEST_INBOX_EXCHANGE", "outbox")
+# The relay's prepared statements (PostgreSQL): CI runs the delivery tests a
+# second time with OUTBOX_TEST_PREPARED=1.
+OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_TEST_PREPARED") == "1"

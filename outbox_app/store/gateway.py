@@ -120,7 +120,7 @@ class Gateway:
         return dialect(self.using)
 
     def _cursor(self):
-        return connections[self.using].cursor()
+        return self.dialect.cursor(connections[self.using])
 
     # --- fan-out ------------------------------------------------------------------
 

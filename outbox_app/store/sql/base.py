@@ -224,6 +224,11 @@ class Dialect:
             value = timezone.make_aware(value, connections[self.alias].timezone)
         return value
 
+    def cursor(self, connection):
+        """A cursor of ``connection`` (Django's wrapper) for the relay's
+        statements (:class:`~outbox_app.store.gateway.Gateway`)."""
+        return connection.cursor()
+
     @staticmethod
     def json_value(value: Any) -> Any:
         """A JSON column's value: the drivers return its text (Django registers

@@ -5,10 +5,12 @@ diagnostics."""
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 from django.db import models
 
+from ...conf import outbox_settings
 from ..lifecycle import State
 from .base import (
     CLAIM_ASSIGN,
@@ -18,6 +20,22 @@ from .base import (
     SUBSCRIBED,
     Dialect,
 )
+
+try:
+    import psycopg
+
+    class _Preparing(psycopg.Cursor):
+        """Server-side binding, every statement prepared (psycopg 3)."""
+
+        def execute(self, query, params=None, *, prepare=None, binary=None):
+            super().execute(query, params, prepare=True, binary=binary)
+            # What Django's query log reads (connection.queries, DEBUG): the
+            # statement's text, where a client-binding cursor has its own.
+            self._query = types.SimpleNamespace(query=str(query).encode())
+            return self
+
+except ImportError:  # psycopg2
+    _Preparing = None
 
 #: libpq's ``PQTRANS_INERROR`` (psycopg and psycopg2 alike): the transaction
 #: met an error and can only roll back.
@@ -61,6 +79,27 @@ class PostgreSQLDialect(Dialect):
     def rename_index(self, table: str, old: str, new: str) -> str | None:
         """A unique constraint is renamed with its index."""
         return f"ALTER INDEX {self.quote(old)} RENAME TO {self.quote(new)}"
+
+    # --- the relay's cursor ------------------------------------------------------
+
+    def cursor(self, connection):
+        """With ``OUTBOX_PREPARED_STATEMENTS`` on psycopg 3, a cursor that binds
+        parameters on the server and prepares each statement on its first run
+        (psycopg's ``execute(prepare=True)``: the connection keeps the plan,
+        one per statement text), wrapped by Django as its own cursors are
+        (errors, query logging). Otherwise Django's cursor, which binds on the
+        client and never prepares (Django's default, for connection poolers).
+        """
+        if not outbox_settings.PREPARED_STATEMENTS or _Preparing is None:
+            return connection.cursor()
+        connection.ensure_connection()
+        raw = connection.connection
+        if raw.prepare_threshold is None:  # Django's: psycopg prepares nothing
+            # Only what is asked (prepare=True): other cursors keep preparing
+            # nothing in practice.
+            raw.prepare_threshold = 2**31
+        with connection.wrap_database_errors:
+            return connection._prepare_cursor(_Preparing(raw))
 
     # --- the driver's errors -----------------------------------------------------
 

@@ -1,0 +1,45 @@
+"""OUTBOX_PREPARED_STATEMENTS: the relay's statements prepared on PostgreSQL
+(planned once per connection), the rest of the connection left as Django
+set it."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from outbox_app.models import Delivery
+from outbox_app.relay import relay_once
+from outbox_app.store.lifecycle import State
+from tests.delivery.test_delivery import place
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.only_database("postgresql"),
+]
+
+
+def prepared() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_relay_prepares_its_statements_only_when_asked(handlers, settings, on):
+    settings.OUTBOX_PREPARED_STATEMENTS = on
+    connection.close()  # a new connection: nothing prepared yet
+    handlers("record")
+    place(3)
+    assert relay_once().succeeded == 6
+    place(2)
+    assert relay_once().succeeded == 4  # the prepared statements again
+    assert set(Delivery.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
+    statements = prepared()
+    if not on:
+        assert statements == []
+        return
+    # The claim, the fan-out that claims, the plain fan-out, the mark.
+    assert len(statements) >= 3, statements
+    assert all("outbox_app_" in text for text in statements)
+    # Django's own queries on the connection are not prepared.
+    assert not [s for s in statements if "pg_prepared_statements" in s]
