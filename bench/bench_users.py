@@ -94,6 +94,10 @@ costs. Goal: beside scheduled >= 0.9x beside delivered.
 (``--to handler``: one no-op handler; ``--to rabbitmq``: the RabbitMQ
 publisher of a)), timed from the first spawn to the last exit: deliveries/s,
 one relay as the baseline. Goals: 2 relays >= 1.3x one, 4 no slower than 2.
+``--running``: the relays are long-running ``relay`` processes started and
+idle beforehand (process start out of the figure, as in a deployment); the
+events are published and fanned out while an operator pause holds the
+subscriber, and the clock runs from the resume to the last SUCCEEDED.
 
 **e) outage.** The relay (no ``--once``, defaults) publishes to RabbitMQ
 through a loopback TCP proxy (``tests/brokers/proxy.py``); a writer thread publishes
@@ -412,6 +416,47 @@ def relays_once(count: int, expected: int, **env: str) -> float:
     return elapsed
 
 
+def relays_running(count: int, expected: int) -> float:
+    """``count`` long-running ``relay`` processes (a no-op handler), started
+    and idle before the clock starts: the subscriber paused by an operator,
+    ``expected`` events published and fanned out by the relays, then resumed;
+    seconds from the resume until every delivery is SUCCEEDED (the relays
+    see the resume within ``HELD_REFRESH_SECONDS``, 1 s, which is counted)."""
+    from outbox_app.ops import subscriptions as operations
+
+    reset()
+    env = child_env(BENCH_NOOP_HANDLER="1")
+    children = [
+        subprocess.Popen(
+            relay_command(),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+    try:
+        rows = Subscription.objects.all()
+        while not rows.exists():
+            time.sleep(0.1)
+        operations.pause(rows, by="bench")
+        publish_orders(expected, "bench.Order")
+        while OutboxEvent.objects.awaiting_fanout().exists():
+            time.sleep(0.25)
+        began = time.perf_counter()
+        operations.resume(rows)
+        done = Delivery.objects.filter(state=State.SUCCEEDED)
+        while done.count() < expected:
+            time.sleep(0.1)
+        return time.perf_counter() - began
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait()
+
+
 def scaleout(args: argparse.Namespace) -> None:
     counts = [1, 2, 4]
     names = {n: f"{n} relay{'s' if n > 1 else ''}" for n in counts}
@@ -422,20 +467,33 @@ def scaleout(args: argparse.Namespace) -> None:
         env = {"BENCH_NOOP_HANDLER": "1"}
     for round_ in range(args.rounds):
         for n in counts:
-            publish_backlog(args.events)
+            if not args.running:
+                publish_backlog(args.events)
             if args.to == "rabbitmq":
                 rabbit.declare(EXCHANGE, QUEUE)
-            rates[names[n]].append(args.events / relays_once(n, args.events, **env))
+            if args.running:
+                seconds = relays_running(n, args.events)
+            else:
+                seconds = relays_once(n, args.events, **env)
+            rates[names[n]].append(args.events / seconds)
             if args.to == "rabbitmq":
                 assert rabbit.count(QUEUE) >= args.events
         print_round(round_, rates)
     medians = {k: statistics.median(v) for k, v in rates.items()}
     what = "RabbitMQ" if args.to == "rabbitmq" else "a no-op handler"
-    print(
-        f"{VENDOR}, {args.events:,} events published, not fanned out; N relay "
-        f"--once processes with default settings started together, to {what}, "
-        f"timed from the first spawn to the last exit; {args.rounds} round(s)"
-    )
+    if args.running:
+        how = (
+            "N running relay processes with default settings, to a no-op "
+            "handler, the events fanned out while an operator pause held the "
+            "subscriber; timed from the resume to the last SUCCEEDED"
+        )
+    else:
+        how = (
+            f"events published, not fanned out; N relay --once processes with "
+            f"default settings started together, to {what}, timed from the "
+            f"first spawn to the last exit"
+        )
+    print(f"{VENDOR}, {args.events:,} events; {how}; {args.rounds} round(s)")
     summarize(
         medians,
         medians[names[1]],
@@ -839,6 +897,11 @@ def main() -> None:
     sub.add_argument("--events", type=int, default=50_000)
     sub.add_argument("--rounds", type=int, default=3)
     sub.add_argument("--to", choices=["handler", "rabbitmq"], default="handler")
+    sub.add_argument(
+        "--running",
+        action="store_true",
+        help="relays already running and idle (a no-op handler), not relay --once",
+    )
     sub.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
     sub = figures.add_parser("latency")
     sub.add_argument("--events", type=int, default=3000)
