@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 
 from django.db import transaction
@@ -44,11 +43,9 @@ from bench import rabbit, vacuum
 from bench.bench_users import (  # sets up Django with bench.settings
     EXCHANGE,
     QUEUE,
-    ROOT,
-    child_env,
     publishers,
-    relay_command,
     reset,
+    spawn_relay,
 )
 from outbox_app import Delivery, publish
 from outbox_app.store.lifecycle import State
@@ -84,14 +81,7 @@ def peak_kib(pid: int) -> int | None:
 def run_relay(expected: int, **env: str) -> tuple[float, float]:
     """``relay --once`` to its exit: (seconds, peak RSS in MiB)."""
     began = time.perf_counter()
-    child = subprocess.Popen(
-        relay_command("--once"),
-        cwd=ROOT,
-        env=child_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = spawn_relay("--once", **env)
     peak = 0
     while child.poll() is None:
         peak = max(peak, peak_kib(child.pid) or 0)

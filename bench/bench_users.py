@@ -197,6 +197,22 @@ def publishers(url: str = rabbit.URL, backend: str | None = None) -> str:
     return json.dumps({PUBLISHER: options})
 
 
+def spawn_relay(*args: str, quiet: bool = False, **env: str) -> subprocess.Popen:
+    """Start ``python -m django relay ARGS`` of the fresh project with
+    ``env`` (see :func:`child_env`); its output piped, as text, or
+    discarded (``quiet``: a relay that runs until stopped, whose log nobody
+    reads, must not fill a pipe)."""
+    output = subprocess.DEVNULL if quiet else subprocess.PIPE
+    return subprocess.Popen(
+        relay_command(*args),
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=output,
+        stderr=output,
+        text=True,
+    )
+
+
 def relay_once(expected: int, *args: str, **env: str) -> float:
     """Run ``relay --once ARGS`` to its exit; seconds from spawn to exit.
     Checks that it delivered ``expected`` deliveries."""
@@ -393,17 +409,7 @@ def relays_once(count: int, expected: int, **env: str) -> float:
     first spawn to the last exit. Checks that together they delivered
     ``expected`` deliveries."""
     began = time.perf_counter()
-    children = [
-        subprocess.Popen(
-            relay_command("--once"),
-            cwd=ROOT,
-            env=child_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
+    children = [spawn_relay("--once", **env) for _ in range(count)]
     outputs = [child.communicate() for child in children]
     elapsed = time.perf_counter() - began
     delivered = 0
@@ -425,17 +431,7 @@ def relays_running(count: int, expected: int) -> float:
     from outbox_app.ops import subscriptions as operations
 
     reset()
-    env = child_env(BENCH_NOOP_HANDLER="1")
-    children = [
-        subprocess.Popen(
-            relay_command(),
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
+    children = [spawn_relay(quiet=True, BENCH_NOOP_HANDLER="1") for _ in range(count)]
     try:
         rows = Subscription.objects.all()
         while not rows.exists():
