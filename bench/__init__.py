@@ -9,6 +9,7 @@ import glob
 import inspect
 import os
 import resource
+import statistics
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,7 +269,7 @@ def print_cpu(
         + f"{'total':>10}{'cores busy':>12}"
     )
     for name, runs in cpu.items():
-        per = {p: sorted(r.get(p, 0.0) for r in runs)[len(runs) // 2] for p in parties}
+        per = {p: statistics.median(r.get(p, 0.0) for r in runs) for p in parties}
         total = sum(per.values())
         print(
             f"{name:<28}"

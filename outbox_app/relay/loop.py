@@ -38,8 +38,10 @@ logger = logging.getLogger("outbox_app.relay")
 #: database alias -> the subscriber the next deliver() call starts with.
 _next_first: dict[str, str] = {}
 
-#: How often a deliver() call reads again which subscribers an operator
-#: paused (``Subscription.paused_at``), while it drains a backlog.
+#: How often a relay reads again which subscribers an operator paused
+#: (``Subscription.paused_at``) and which event types are subscribed, while
+#: it drains a backlog or, in a running relay, across its turns
+#: (:class:`SubscriptionView`).
 HELD_REFRESH_SECONDS = 1.0
 #: database alias -> the subscribers this process last found paused (logged
 #: once when a pause begins and once when it ends).

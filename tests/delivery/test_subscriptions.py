@@ -541,7 +541,8 @@ def test_a_relay_loop_reads_the_subscriptions_at_most_once_a_second(
     with CaptureQueriesContext(connection) as queries:
         assert relay_once(view=view).succeeded == 2
     # (The fan-out statement joins the subscriptions itself, by design.)
-    reads = re.compile(rf'SELECT .*? FROM "{Subscription._meta.db_table}"')
+    table = connection.ops.quote_name(Subscription._meta.db_table)
+    reads = re.compile(rf"SELECT .*? FROM {re.escape(table)}")
     assert not [q for q in queries.captured_queries if reads.match(q["sql"])]
     # An operator pauses record_a: a view older than a second sees it.
     operations.pause(Subscription.objects.filter(subscriber="record_a"), by="ops")
