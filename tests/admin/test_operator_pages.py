@@ -151,7 +151,8 @@ def test_subscriptions_list__serving_last_served_and_paused(admin_client):
         if "field-subscriber" in row
     }
     assert "● serving" in rows["running"] and "by admin: alice" in rows["running"]
-    assert "● no relay now" in rows["stopped"] and "3 min 0 s ago" in rows["stopped"]
+    assert "● no relay now" in rows["stopped"]
+    assert re.search(r"3 min \d+ s ago", rows["stopped"])  # a slow request adds
     assert "● unserved" in rows["gone"] and "1 h 0 min ago" in rows["gone"]
     for served, names in {
         "serving": ["rabbitmq", "running"],

@@ -439,12 +439,11 @@ def test_the_subscribers_command_says_whether_a_relay_serves_now(handlers):
     assert header[:4] == ["subscriber", "event", "type", "kind"]
     assert " serving " in lines["record_a"] and " ago by " in lines["record_a"]
     assert " STALE " in lines["elsewhere"]
-    assert "3 min 0 s ago by other-host:1" in lines["elsewhere"]
-    assert (
-        " UNSERVED " in lines["gone"]
-        and "1 h 0 min ago by old-host:9" in (lines["gone"])
-    )
-    assert "outage 1 min 30 s" in lines["record_b"]
+    # The ages grow while the test runs; a loaded machine may add a second.
+    assert re.search(r"3 min \d+ s ago by other-host:1", lines["elsewhere"])
+    assert " UNSERVED " in lines["gone"]
+    assert re.search(r"1 h 0 min ago by old-host:9", lines["gone"])
+    assert re.search(r"outage 1 min 3\d s", lines["record_b"])
     assert lines["record_a"].split()[-2:] == ["-", "0"]
 
 
