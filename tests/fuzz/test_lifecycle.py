@@ -88,7 +88,6 @@ from collections import Counter, defaultdict
 
 import pytest
 from django.db import transaction
-from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -114,6 +113,7 @@ from outbox_app.relay.fanout import subscribed_types
 from outbox_app.relay.handlers import run_handlers
 from outbox_app.relay.outcomes import Outcomes, RelayReport
 from outbox_app.store import lifecycle
+from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import CLAIMABLE, FINISHED, UNFINISHED, State
 from tests.testapp.models import SideEffect
 
@@ -326,7 +326,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def now(self) -> datetime.datetime:
         """The test clock: never behind the real one (operators' transitions and
         releases stamp real time), moved on by ``advance_clock``."""
-        return timezone.now() + datetime.timedelta(seconds=self.offset)
+        return database_now() + datetime.timedelta(seconds=self.offset)
 
     def lease(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
@@ -425,7 +425,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         origin = datetime.timedelta(0) if relative else self.now()
         times = {}
         if ahead == 0:
-            times["deliver_at"] = -SECOND if relative else timezone.now() - SECOND
+            times["deliver_at"] = -SECOND if relative else database_now() - SECOND
         elif ahead is not None:
             times["deliver_at"] = origin + ahead * SECOND
         if lasting is not None:
@@ -944,7 +944,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         # Found by this machine, and fixed: requeue and replay made a row due
         # now though its event's deliver_at was still ahead (an operator
         # expired it while it waited). Due at its deliver_at now.
-        ahead = deliver_at is not None and deliver_at > timezone.now()
+        ahead = deliver_at is not None and deliver_at > database_now()
         if ahead:
             TRIED["rows reset while scheduled"] += 1
         note.state, note.attempts, note.due, note.completed = (
@@ -971,7 +971,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             events = OutboxEvent.objects.filter(pk__in=chosen)
         expected = Counter()
         created = []
-        clock = timezone.now()  # replay's: a row due later than it is left alone
+        clock = database_now()  # replay's: a row due later than it is left alone
         for event_id in chosen:
             event = self.events[event_id]
             pair = (event_id, subscriber)
@@ -1081,7 +1081,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._check_exactly_once(after)
         self._check_model(after)
         self.snapshot = after
-        self.marks.append(timezone.now())
+        self.marks.append(database_now())
         self.clean = True
 
     def _check_transitions(self, before: Snapshot, after: Snapshot) -> None:

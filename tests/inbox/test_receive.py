@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from outbox_app import HandlerTimeout, InboxMessage, UndecodableMessage
 from outbox_app.inbox import receive, receive_batch, retry_due
+from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
@@ -388,7 +389,7 @@ def test_a_batch_racing_another_process_for_a_message_has_one_effect(consumer):
 
 
 def test_a_message_arriving_after_its_expiry_is_not_run(recorded):
-    now = timezone.now()
+    now = database_now()  # expiry is judged by the database's clock
     late = message(1, expires_at=now - datetime.timedelta(seconds=1))
     tally = receive(late, QUEUE, mine())
     assert (tally.expired, tally.handled) == (1, 0)
