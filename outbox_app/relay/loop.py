@@ -276,6 +276,10 @@ def deliver(
                 batch = ahead.take(subscriber) or claim(subscriber)
                 claimed = len(batch)
                 report.fanned_out += batch.fanned_out
+                if batch.fanned_out:
+                    # Rows for every subscriber: those claimed before this
+                    # fan-out look again this turn, not at the next wake-up.
+                    still_busy += [s for s in active[:position] if s not in still_busy]
                 report.claimed += claimed
                 lapsed = batch.take_lapsed()
                 if lapsed:

@@ -151,3 +151,29 @@ def test_blocked_aggregates_counts_each_stuck_aggregate_once(registered, setting
     assert rows.blocked_aggregates() == 2  # a and b
     rows.filter(aggregate_id="b").skip()
     assert rows.blocked_aggregates() == 1
+
+
+def test_an_ordered_subscriber_claiming_before_the_fan_out_gets_its_event_in_the_same_turn(
+    registered,
+):
+    """A turn visits subscribers in turn; the first unordered one fans the new
+    events out as it claims, for every subscriber. An ordered subscriber
+    visited before it found nothing yet: the same turn visits it again, so
+    its event does not wait for the next wake-up (a poll, seconds away)."""
+    from outbox_app.relay import deliver, registry
+
+    seen = []
+
+    @registered(Step, name="first.ordered", ordered=True)
+    def first(event, context):
+        seen.append("ordered")
+
+    @registered(Step, name="then.unordered")
+    def then(event, context):
+        seen.append("unordered")
+
+    with transaction.atomic():
+        publish(step(1, new_event_id()), aggregate=CART)
+    report = deliver([registry.get("first.ordered"), registry.get("then.unordered")])
+    assert (report.fanned_out, report.succeeded) == (1, 2)
+    assert sorted(seen) == ["ordered", "unordered"]
