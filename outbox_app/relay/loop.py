@@ -200,7 +200,8 @@ def deliver(
     full is topped up from events not fanned out yet: fan-out and claim are
     one step (:meth:`Batch.claim <outbox_app.relay.batch.Batch.claim>`),
     creating deliveries for every active subscription (those of other
-    relays' subscribers too, :mod:`~outbox_app.relay.fanout`).
+    relays' subscribers too, :mod:`~outbox_app.relay.fanout`); the
+    subscribers whose claim came earlier in the turn claim again in it.
 
     Args:
         subscribers: whom to deliver for; default every subscriber of ``kind``.
