@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime
 import io
+import time
+import types
 
 import pytest
 from django.core.management import call_command
@@ -130,9 +132,18 @@ def test_purge__refuses_bad_arguments():
         purge(busy_pause_ratio=-1)
 
 
+def no_sleep(monkeypatch, slept: list) -> None:
+    """The purge's pauses are recorded in ``slept``, not slept; the module's
+    own ``time`` only (the process's ``time.sleep`` is left alone)."""
+    from outbox_app.ops import purge as module
+
+    clock = types.SimpleNamespace(monotonic=time.monotonic, sleep=slept.append)
+    monkeypatch.setattr(module, "time", clock)
+
+
 def test_purge__pauses_after_each_batch_as_long_as_told(world, monkeypatch):
     slept = []
-    monkeypatch.setattr("outbox_app.ops.purge.time.sleep", slept.append)
+    no_sleep(monkeypatch, slept)
     counts = purge(batch_size=1, pause_ratio=2)
     assert counts.total == 9
     assert slept and all(seconds >= 0 for seconds in slept)
@@ -148,7 +159,7 @@ def test_purge__yields_to_relays_with_work_waiting(monkeypatch):
     from outbox_app.ops.purge import _Pause
 
     slept = []
-    monkeypatch.setattr("outbox_app.ops.purge.time.sleep", slept.append)
+    no_sleep(monkeypatch, slept)
     event = events(1)[0]
     mark_delivered(event)
     row = delivery(event, "a", State.SUCCEEDED)
