@@ -153,7 +153,7 @@ def test_blocked_aggregates_counts_each_stuck_aggregate_once(registered, setting
     assert rows.blocked_aggregates() == 1
 
 
-def test_an_ordered_subscriber_claiming_before_the_fan_out_gets_its_event_in_the_same_turn(
+def test_an_ordered_subscriber_claimed_before_the_fan_out_gets_its_event_that_turn(
     registered,
 ):
     """A turn visits subscribers in turn; the first unordered one fans the new
