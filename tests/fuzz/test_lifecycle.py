@@ -314,7 +314,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.held: list[Batch] = []
         self.deployed = {ORDERED, LOOSE}
         self.offset = 0.0  # seconds the test clock is ahead of the real one
-        self.marks: list[datetime.datetime] = []  # real time after each step
+        self.marks: list[datetime.datetime] = []  # database_now() after each step
         self.seq = 0
         self.versions: Counter = Counter()
         self.rng = random.Random(0)
@@ -324,8 +324,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     # --- the clock and the model's predicates ------------------------------------
 
     def now(self) -> datetime.datetime:
-        """The test clock: never behind the real one (operators' transitions and
-        releases stamp real time), moved on by ``advance_clock``."""
+        """The test clock: never behind the real one, the database's
+        (``database_now()``, which operators' transitions and releases stamp),
+        moved on by ``advance_clock``."""
         return database_now() + datetime.timedelta(seconds=self.offset)
 
     def lease(self) -> datetime.timedelta:
