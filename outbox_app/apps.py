@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 from django.utils.translation import gettext_lazy as _
 
 
@@ -13,6 +14,35 @@ def _wake_celery(sender: Any, using: str, **kwargs: Any) -> None:
         from .tasks import wake
 
         wake(using)
+
+
+def _record_subscribers(sender: Any, using: str, **kwargs: Any) -> None:
+    """``post_migrate`` receiver: record this code's subscribers (handlers and
+    publishers) on the database just migrated, as ``manage.py
+    outbox_subscribers --record`` does. A subscriber's stream delivery
+    starts when it is first recorded, so one added with a deploy receives
+    the events committed from its ``migrate`` on, before any relay of the
+    new version runs. A configuration that cannot be read (a malformed
+    publisher) records nothing: ``manage.py check`` says why."""
+    if sender.name != OutboxConfig.name:
+        return
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+
+    from .events.ids import worker_name
+    from .relay.registry import subscribers
+    from .store.models import Cursor, Subscription
+
+    tables = connections[using].introspection.table_names()
+    if Cursor._meta.db_table not in tables:  # migrated back below stream delivery
+        return
+    try:
+        found = subscribers()
+    except ImproperlyConfigured:
+        return
+    Subscription.objects.using(using).record(
+        found, f"migrate@{worker_name()}", heartbeat=False
+    )
 
 
 class OutboxConfig(AppConfig):
@@ -29,6 +59,7 @@ class OutboxConfig(AppConfig):
         from .relay.wake import wake_relays
 
         tracking.connect_signals()
+        post_migrate.connect(_record_subscribers, dispatch_uid="outbox_app.record")
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
         events_committed.connect(_wake_celery, dispatch_uid="outbox_app.wake_celery")
 

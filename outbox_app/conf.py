@@ -69,6 +69,21 @@ DEFAULTS: dict[str, Setting] = {
         "Django's own statements are, for connection poolers in transaction "
         "mode (docs/databases.md).",
     ),
+    "ENGINE": Setting(
+        None,
+        'How relays deliver new events: "stream" (each subscriber reads the '
+        "outbox through its cursors and writes a delivery row only for what "
+        'needs attention), "rows" (a delivery row per event and subscriber), '
+        "or None: stream where the database can (PostgreSQL, SQLite), rows "
+        "elsewhere (MySQL/MariaDB).",
+    ),
+    "PARTITIONS": Setting(
+        1,
+        "Stream delivery: how many partitions each subscriber's events are "
+        "split into by a hash of their aggregate, each read by one relay at a "
+        "time (a subscriber's own `partitions` option wins); more than one "
+        "lets several relays share a subscriber.",
+    ),
     "POLL_INTERVAL": Setting(
         1.0, "Longest idle wait of the relay loop between polls, in seconds."
     ),
@@ -176,6 +191,12 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "BATCH_SIZE": ("outbox.E007", positive_int, "a positive integer (rows)"),
     "BATCH_BYTES": ("outbox.E024", positive_int, "a positive integer (bytes)"),
     "POLL_INTERVAL": ("outbox.E008", *SECONDS),
+    "ENGINE": (
+        "outbox.E029",
+        lambda v: v in (None, "stream", "rows"),
+        'None, "stream" or "rows"',
+    ),
+    "PARTITIONS": ("outbox.E030", positive_int, "a positive integer"),
     "PREPARED_STATEMENTS": (
         "outbox.E028",
         lambda v: isinstance(v, bool),

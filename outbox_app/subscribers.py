@@ -46,7 +46,9 @@ class DeliveryContext:
         occurred_at: when the event was published (aware datetime).
         attempt: this delivery attempt, 1 for the first.
         subscriber: the receiving subscriber's name.
-        delivery_id: the delivery row being delivered.
+        delivery_id: the delivery row being delivered; None when stream
+            delivery delivers the event from a subscriber's cursor (no row
+            exists unless the attempt fails).
         deliver_at: when the event was scheduled for (``publish(deliver_at=
             ...)``); None: at once.
         operation: what happened to the aggregate (``publish(operation=...)``;
@@ -56,6 +58,8 @@ class DeliveryContext:
             a delivery not made by then is skipped. None: never.
         payload_bytes: the length of the payload's JSON text as published,
             in bytes (what a batch's ``OUTBOX_BATCH_BYTES`` counts).
+        position: the event's publish order (numbered by the database on
+            insert), or None where the delivery's read does not carry it.
         using: the alias of the database whose outbox holds the event (the
             relay's ``--database``); a handler's writes on it commit with the
             delivery's mark. An event published on several databases
@@ -77,12 +81,13 @@ class DeliveryContext:
     occurred_at: datetime.datetime
     attempt: int
     subscriber: str
-    delivery_id: int
+    delivery_id: int | None
     deliver_at: datetime.datetime | None = None
     expires_at: datetime.datetime | None = None
     operation: str | None = None
     payload_bytes: int = 0
     using: str = "default"
+    position: int | None = None
 
 
 @dataclass(eq=False)
@@ -95,6 +100,10 @@ class Subscriber:
         ordered: deliver each aggregate's events strictly in publish order.
         max_attempts: attempts before DEAD; ``None`` uses OUTBOX_MAX_ATTEMPTS.
         aliases: former names whose stored rows this subscriber still takes.
+        start: stream delivery: where its cursor starts when it is first
+            recorded, ``"now"`` or ``"earliest"`` (every event kept).
+        partitions: stream delivery: how many partitions its events are
+            split into; None: ``OUTBOX_PARTITIONS``.
     """
 
     kind: ClassVar[Kind]
@@ -104,6 +113,8 @@ class Subscriber:
     ordered: bool = False
     max_attempts: int | None = None
     aliases: tuple[str, ...] = ()
+    start: str = "now"
+    partitions: int | None = None
 
     @property
     def stored_names(self) -> tuple[str, ...]:
@@ -137,6 +148,30 @@ class Handler(Subscriber):
     timeout: float | None = None
 
     kind: ClassVar[Kind] = "handler"
+
+
+#: Where a new subscriber's cursor may start.
+STARTS = ("now", "earliest")
+
+
+def check_stream_options(owner: str, start: Any, partitions: Any) -> None:
+    """Raise ImproperlyConfigured, naming ``owner``, for a ``start`` not in
+    :data:`STARTS` or ``partitions`` that is not None or a positive
+    integer."""
+    if start not in STARTS:
+        raise ImproperlyConfigured(
+            f"{owner}: start must be one of {', '.join(map(repr, STARTS))}, "
+            f"got {start!r}"
+        )
+    if partitions is not None and (
+        not isinstance(partitions, int)
+        or isinstance(partitions, bool)
+        or partitions < 1
+    ):
+        raise ImproperlyConfigured(
+            f"{owner}: partitions must be a positive integer or None, "
+            f"got {partitions!r}"
+        )
 
 
 def dotted_path(fn: Callable) -> str:

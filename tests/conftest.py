@@ -193,9 +193,25 @@ def vendor() -> str:
     return connection.vendor
 
 
+def record_subscribers(request, names) -> None:
+    """Record the subscribers called ``names`` as a deploy's ``migrate`` (or
+    ``outbox_subscribers --record``) records new code's subscribers: their
+    stream delivery starts now, before the test publishes. Only in a test
+    that uses the database."""
+    if request.node.get_closest_marker("django_db") is None:
+        return
+    from outbox_app.events.ids import worker_name
+    from outbox_app.relay import registry
+    from outbox_app.store.models import Subscription
+
+    found = [s for s in registry.subscribers() if s.name in set(names)]
+    Subscription.objects.record(found, worker_name(), heartbeat=False)
+
+
 @pytest.fixture
-def handlers():
-    """Register handler sets from tests.testapp.scenarios; removed afterwards."""
+def handlers(request):
+    """Register handler sets from tests.testapp.scenarios (and record them, as
+    a deploy does); removed afterwards."""
     from outbox_app.relay import registry
     from tests.testapp import scenarios
 
@@ -204,6 +220,7 @@ def handlers():
     def add(set_name: str) -> list[str]:
         names = scenarios.register(set_name)
         registered.extend(names)
+        record_subscribers(request, names)
         return names
 
     yield add

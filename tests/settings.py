@@ -140,3 +140,7 @@ OUTBOX_INBOX_EXCHANGE = os.environ.get("OUTBOX_TEST_INBOX_EXCHANGE", "outbox")
 # The relay's prepared statements (PostgreSQL): CI runs the delivery tests a
 # second time with OUTBOX_TEST_PREPARED=1.
 OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_TEST_PREPARED") == "1"
+# The delivery engine the suite runs on: "stream", "rows", or unset for the
+# default (stream where the database has it). Relay processes the tests start
+# inherit it.
+OUTBOX_ENGINE = os.environ.get("OUTBOX_TEST_ENGINE", "rows") or None

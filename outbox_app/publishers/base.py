@@ -39,7 +39,13 @@ from django.utils.module_loading import import_string
 
 from ..events.codec import dumps
 from ..exceptions import DeliveryError, UndeliverableMessage
-from ..subscribers import WILDCARD, DeliveryContext, Kind, Subscriber
+from ..subscribers import (
+    WILDCARD,
+    DeliveryContext,
+    Kind,
+    Subscriber,
+    check_stream_options,
+)
 from . import cloudevents, corewrite
 
 DEFAULT_BACKEND = "outbox_app.publishers.kombu.KombuPublisher"
@@ -108,7 +114,15 @@ def wire_format(name: str, options: Mapping[str, Any]) -> WireFormat:
 
 #: Options every publisher understands; a backend adds its own.
 COMMON_OPTIONS = frozenset(
-    {"BACKEND", "EVENT_TYPES", "ORDERED", "MAX_ATTEMPTS", "ALIASES"}
+    {
+        "BACKEND",
+        "EVENT_TYPES",
+        "ORDERED",
+        "MAX_ATTEMPTS",
+        "ALIASES",
+        "START",
+        "PARTITIONS",
+    }
 )
 #: Names a destination template may use beside the context's fields, each
 #: computed from the context: ``{dimension}`` is the aggregate type lower-cased
@@ -130,7 +144,10 @@ class Publisher(Subscriber):
         name: the ``OUTBOX_PUBLISHERS`` key; the subscriber name on its rows.
         options: the entry's options. Common keys: ``EVENT_TYPES`` (list of types
             or ``["*"]``, default ``["*"]``), ``ORDERED`` (bool), ``MAX_ATTEMPTS``
-            (int or None), ``ALIASES`` (former names).
+            (int or None), ``ALIASES`` (former names), ``START`` (``"now"`` or
+            ``"earliest"``: where stream delivery starts for a new publisher),
+            ``PARTITIONS`` (stream delivery's partitions; default
+            ``OUTBOX_PARTITIONS``).
 
     Raises:
         ImproperlyConfigured: malformed common options.
@@ -153,6 +170,11 @@ class Publisher(Subscriber):
             ordered=bool(options.get("ORDERED", False)),
             max_attempts=options.get("MAX_ATTEMPTS"),
             aliases=tuple(options.get("ALIASES", ())),
+            start=options.get("START", "now"),
+            partitions=options.get("PARTITIONS"),
+        )
+        check_stream_options(
+            f"OUTBOX_PUBLISHERS[{name!r}]", self.start, self.partitions
         )
         self.options = dict(options)
 

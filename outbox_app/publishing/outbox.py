@@ -36,6 +36,7 @@ from ..exceptions import (
     OutboxRequiresActiveTransaction,
 )
 from ..execution import tracing
+from ..store.gateway import streaming
 from ..store.models import AGGREGATE_VERSION_UNIQUE, OutboxEvent, new_event_id
 from ..store.sql import PRIMARY_KEY, dialect
 
@@ -322,7 +323,6 @@ def outbox_action(
             occurred_at=now,
             created_at=now,
             payload_bytes=0,
-            fanned_out=False,
         )
         _insert([sentinel], alias)
 
@@ -473,7 +473,6 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
             "tenant_id": tenant_id,
             "occurred_at": now,
             "created_at": now,
-            "fanned_out": False,
             **extras,
         }
         rows.append(_row(values))
@@ -512,6 +511,11 @@ def _insert(
     first = rows[0]
     extra = any(getattr(first, name) is not None for name in _EXTRA_FIELDS)
     columns = _columns(alias, action, extra)
+    # Stream delivery reads the event as it is written, never writes it again
+    # (fanned_out NULL); row delivery fans it out (False until it has).
+    stream = streaming(alias)
+    for row in rows:
+        row.fanned_out = None if stream else False
     for row in rows:
         for f, plain in columns:
             value = getattr(row, f.attname)
@@ -527,7 +531,7 @@ def _insert(
             params.append(prepared[key])
     try:
         with connection.cursor() as cursor:
-            cursor.execute(_insert_sql(alias, len(rows), action, extra), params)
+            cursor.execute(_insert_sql(alias, len(rows), action, extra, stream), params)
     except IntegrityError as exc:
         violated = dialect(alias).violated_constraint(exc, OutboxEvent)
         if violated == AGGREGATE_VERSION_UNIQUE:
@@ -578,7 +582,8 @@ def _columns(
     schedule's and the operation only with ``extra``) and
     whether their values cross the DB-API as they are (text, numbers,
     booleans: ``get_db_prep_save`` would return them unchanged), per
-    database. ``position`` is not among them: the database numbers it."""
+    database. ``position`` and ``txid`` are not among them: the database
+    fills them; nor is ``fanned_out``, a literal of the statement."""
     native_uuid = connections[alias].features.has_native_uuid_field
     return tuple(
         (
@@ -587,21 +592,24 @@ def _columns(
             or (isinstance(f, models.UUIDField) and native_uuid),
         )
         for f in OutboxEvent._meta.concrete_fields
-        if f.attname != "position"
+        if f.attname not in ("position", "txid", "fanned_out")
         and (action or f.attname not in _ACTION_FIELDS)
         and (extra or f.attname not in _EXTRA_FIELDS)
     )
 
 
 @functools.cache
-def _insert_sql(alias: str, count: int, action: bool, extra: bool) -> str:
+def _insert_sql(alias: str, count: int, action: bool, extra: bool, stream: bool) -> str:
     """``INSERT INTO <outbox> (<columns>) VALUES (...) x count``, cached;
     positions in the statement where the database wants them there
-    (:meth:`~outbox_app.store.sql.base.Dialect.positions`)."""
+    (:meth:`~outbox_app.store.sql.base.Dialect.positions`); ``fanned_out``
+    NULL for stream delivery (``stream``), FALSE for row delivery."""
     quote = connections[alias].ops.quote_name
     table = quote(OutboxEvent._meta.db_table)
     names = [quote(f.column) for f, _ in _columns(alias, action, extra)]
     values = ["%s"] * len(names)
+    names.append(quote("fanned_out"))
+    values.append("NULL" if stream else "FALSE")
     positions = dialect(alias).positions(table, count)
     if positions is None:
         rows = [values] * count

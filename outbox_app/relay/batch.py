@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from django.db import connections
 
 from ..conf import outbox_settings
+from ..exceptions import LeaseLost
 from ..store.clock import database_now
 from ..store.gateway import Gateway, Lease
 from ..store.sql import dialect
 from ..subscribers import DeliveryContext, Subscriber
-from .outcomes import RelayReport
+from .outcomes import Outcomes, RelayReport
 
 
 @dataclass
@@ -187,6 +188,13 @@ class Batch:
         expiry = clock + datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
         return self.gateway.renew(self.token, ids, expiry, clock)
 
+    def outcomes(self, report: RelayReport) -> Outcomes:
+        """Where this batch's outcomes are written and counted."""
+        return Outcomes(self.gateway, self.subscriber, self.token, report)
+
+    def settlement(self, outcomes: Outcomes) -> RowSettlement:
+        return RowSettlement(self, outcomes)
+
     def release(self) -> RelayReport:
         """Hand every row back unattempted (a batch claimed ahead that is not
         needed: shutting down, time is up)."""
@@ -198,6 +206,93 @@ class Batch:
         return RelayReport(
             claimed=len(self.contexts), released=released, fanned_out=self.fanned_out
         )
+
+
+class RowSettlement:
+    """Writes what happened to a claimed :class:`Batch`, row by row, each
+    write a compare-and-set on the batch's lease token (the runners call the
+    same methods of a stream batch's settlement,
+    :class:`~outbox_app.relay.stream.StreamSettlement`)."""
+
+    def __init__(self, batch: Batch, outcomes: Outcomes):
+        self.batch = batch
+        self.outcomes = outcomes
+
+    def skip(self, context: DeliveryContext) -> bool:
+        """Rows are claimed in order already: none is set aside."""
+        return False
+
+    def group(
+        self,
+        succeeded: list[DeliveryContext],
+        failures: list,
+        deferred: list[DeliveryContext],
+        last: DeliveryContext | None,
+        *,
+        inside: bool,
+        fence_deferred: bool = False,
+        end: bool = False,
+    ) -> tuple[list, list[DeliveryContext]]:
+        """Mark a handler group's successes SUCCEEDED: ``inside`` its
+        transaction (all or none: :class:`~outbox_app.exceptions.LeaseLost`
+        when a row was taken over; with ``fence_deferred`` the rows of the
+        handlers whose callbacks run later are fenced too, by renewing
+        them), or alone. Failures are written once it committed
+        (:meth:`recorded`). Returns ``(failures, deferred)``."""
+        if not inside:
+            self.outcomes.succeeded(succeeded)
+            return failures, deferred
+        self.outcomes.succeeded(succeeded, all_or_none=True)
+        later_ids = [c.delivery_id for c in deferred]
+        if (
+            fence_deferred
+            and later_ids
+            and len(self.batch.renew(later_ids)) < len(later_ids)
+        ):
+            raise LeaseLost("leases of handlers with callbacks lost")
+        return failures, deferred
+
+    def recorded(self, failures) -> None:
+        """Write each failed attempt (FAILED, or DEAD) and log it."""
+        for context, error, retry_at in failures:
+            self.outcomes.failed(context, error, retry_at)
+
+    def abandoned(self, failures) -> None:
+        """The group's transaction is gone: its failures are still written
+        where the connection allows."""
+        self.recorded(failures)
+
+    def lost(self, held: list[DeliveryContext]) -> None:
+        """A group rolled back because a lease was lost: the rows still held
+        are handed back, due at once; the others are another relay's now."""
+        ids = [c.delivery_id for c in held]
+        released = self.outcomes.released(ids)
+        self.outcomes.lost(len(ids) - released, "ran in a rolled-back group")
+
+    def stopped(self, waiting: list[DeliveryContext]) -> None:
+        """The relay stops: rows not attempted yet are handed back."""
+        self.outcomes.released([c.delivery_id for c in waiting])
+
+    def finish(self) -> None:
+        """Nothing is left to write once every row's outcome is."""
+
+    def deferred_outcomes(self) -> Outcomes:
+        return self.outcomes
+
+    def sent(
+        self,
+        delivered: list[DeliveryContext],
+        outages: list[DeliveryContext],
+        failures: list,
+        mark,
+    ) -> None:
+        """A publisher's batch came back: ``delivered`` are marked SUCCEEDED
+        (by ``mark``, which may write them on another connection), the rows
+        of ``outages`` are handed back unattempted, ``failures`` written."""
+        mark(self.outcomes, delivered)
+        if outages:
+            self.outcomes.released([c.delivery_id for c in outages])
+        self.recorded(failures)
 
 
 @dataclass

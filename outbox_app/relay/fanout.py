@@ -95,6 +95,24 @@ def subscribed_types(
     return None if WILDCARD in types else frozenset(types)
 
 
+def recorded_types(using: str = "default") -> dict[str, frozenset[str] | None]:
+    """The event types each subscriber's active subscriptions receive,
+    whichever relay recorded them (None: every type): what stream delivery
+    reads for it, so an event of a type only another version of the
+    subscriber receives is kept for that version, as fan-out keeps it."""
+    found: dict[str, set[str]] = {}
+    for name, event_type in (
+        Subscription.objects.using(using)
+        .active()
+        .values_list("subscriber", "event_type")
+    ):
+        found.setdefault(name, set()).add(event_type)
+    return {
+        name: None if WILDCARD in types else frozenset(types)
+        for name, types in found.items()
+    }
+
+
 def fan_out(
     *,
     using: str = "default",

@@ -49,6 +49,7 @@ from ..execution.run import Callback, Execution, Role, run_callbacks
 from ..subscribers import DeliveryContext, Handler
 from .batch import Batch
 from .outcomes import Outcomes
+from .stream import StreamBatch
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -70,23 +71,27 @@ HANDLER = Role("handler", savepoint=True, span=_span, metrics=relay_metrics)
 
 
 def run_handlers(
-    batch: Batch,
+    batch: Batch | StreamBatch,
     handler: Handler,
     outcomes: Outcomes,
     stop: threading.Event,
     rng: random.Random | None = None,
 ) -> None:
-    """Run ``handler`` on the batch's rows, in order, group by group, and
-    record every outcome. When ``stop`` is set, the rows not attempted yet are
-    released instead."""
+    """Run ``handler`` on the batch's events, in order, group by group, and
+    record every outcome through the batch's settlement (rows: a
+    compare-and-set per row; a stream batch: its rows and the cursor's move,
+    in the group's transaction). When ``stop`` is set, the events not
+    attempted yet are left (rows: released; a stream: the cursor stays
+    before them)."""
     _Runner(batch, handler, outcomes, stop, rng).run()
 
 
 class _Runner:
     def __init__(self, batch, handler, outcomes, stop, rng):
-        self.batch: Batch = batch
+        self.batch: Batch | StreamBatch = batch
         self.handler: Handler = handler
         self.outcomes: Outcomes = outcomes
+        self.settle = batch.settlement(outcomes)
         self.stop: threading.Event = stop
         self.rng = rng
         self.policy = RetryPolicy.of(handler)
@@ -99,20 +104,21 @@ class _Runner:
         waiting = list(self.batch.contexts)
         while waiting:
             if self.stop.is_set():
-                self.outcomes.released([c.delivery_id for c in waiting])
+                self.settle.stopped(waiting)
                 return
             kept = self.batch.keep(waiting)
             self.outcomes.lost(len(waiting) - len(kept), "were taken over")
             if not kept:
                 return
             waiting = kept[self._group(kept) :]
+        self.settle.finish()
 
     def _group(self, contexts: list[DeliveryContext]) -> int:
         """Run handlers on a prefix of ``contexts`` in one transaction, for
-        about ``self.seconds``; record the outcomes. Returns how many rows it
-        took."""
+        about ``self.seconds``; record the outcomes. Returns how many events
+        it took."""
         succeeded: list[DeliveryContext] = []
-        failures: list[tuple[DeliveryContext, BaseException]] = []
+        failures: list[tuple] = []
         # The handlers whose on_commit callbacks the relay runs after the
         # commit, with those callbacks: they are marked once these ran.
         deferred: list[tuple[DeliveryContext, list[Callback]]] = []
@@ -121,6 +127,7 @@ class _Runner:
         # Inside a caller's transaction (a test case, relay_once() in an
         # atomic block) the callbacks belong to that transaction's commit.
         outermost = not connection.in_atomic_block
+        written: list = []
         try:
             with transaction.atomic(using=self.using):
                 callbacks = len(connection.run_on_commit)
@@ -137,6 +144,8 @@ class _Runner:
                         ):
                             break
                         taken += 1
+                        if self.settle.skip(context):
+                            continue
                         error = self.policy.lease_ran_out(context.attempt)
                         queried, later = False, None
                         if error is None:
@@ -146,7 +155,9 @@ class _Runner:
                         elif error is None:
                             succeeded.append(context)
                         else:
-                            failures.append((context, error))
+                            failures.append(
+                                (context, error, self._retry_at(context, error))
+                            )
                         if queried:
                             # Its locks are held until the commit: commit now,
                             # so no lock outlives its handler (two workers'
@@ -156,49 +167,55 @@ class _Runner:
                 in_transaction = execution.queried or bool(
                     connection.run_on_commit[callbacks:]
                 )
+                end = taken == len(contexts)
                 if in_transaction:
-                    # The compare-and-set of the whole group, in its
-                    # transaction (with the handlers' writes, before their
-                    # on_commit callbacks): it marks only rows still leased
-                    # under this batch's token and locks them until the
-                    # commit; if one was taken over, it raises LeaseLost.
-                    self.outcomes.succeeded(succeeded, all_or_none=True)
-                    later_ids = [c.delivery_id for c, _ in deferred]
-                    if (
-                        execution.queried
-                        and later_ids
-                        and len(self.batch.renew(later_ids)) < len(later_ids)
-                    ):
-                        # The same fence for the handlers marked later: their
-                        # writes commit only while their rows are this
-                        # batch's (leased afresh for their callbacks).
-                        raise LeaseLost("leases of handlers with callbacks lost")
+                    # The group's outcome, in its transaction (with the
+                    # handlers' writes, before their on_commit callbacks),
+                    # fenced by the lease: if it passed to another relay,
+                    # LeaseLost rolls the group back.
+                    written, later_contexts = self.settle.group(
+                        succeeded,
+                        failures,
+                        [c for c, _ in deferred],
+                        contexts[taken - 1],
+                        inside=True,
+                        fence_deferred=execution.queried,
+                        end=end,
+                    )
+                    deferred = _renamed(deferred, later_contexts)
             if not in_transaction:
                 # Nothing was sent in the group's transaction (on PostgreSQL
                 # it did not even begin) and nothing waits for its commit:
-                # the mark goes alone, in autocommit.
-                self.outcomes.succeeded(succeeded)
+                # the outcome goes alone.
+                written, later_contexts = self.settle.group(
+                    succeeded,
+                    failures,
+                    [c for c, _ in deferred],
+                    contexts[taken - 1],
+                    inside=False,
+                    end=end,
+                )
+                deferred = _renamed(deferred, later_contexts)
         except LeaseLost:
-            # A handler outran the lease and another relay claimed its row:
-            # every write of the group is rolled back (and the callbacks
-            # taken out are dropped with them), the rows still held are
-            # handed back, due at once; the others belong to that relay now.
-            held = [c.delivery_id for c in succeeded]
-            held += [c.delivery_id for c, _ in deferred]
-            released = self.outcomes.released(held)
-            self.outcomes.lost(len(held) - released, "ran in a rolled-back group")
-            deferred = []
+            # A handler outran the lease and another relay took its rows (or
+            # the cursor): every write of the group is rolled back (and the
+            # callbacks taken out are dropped with them).
+            self.settle.lost(succeeded + [c for c, _ in deferred])
+            deferred, written = [], []
         except BaseException:
             # The group's transaction is gone (its connection broke, or the
-            # process is being interrupted): its successes were rolled back
-            # and stay RUNNING until their lease runs out. The failures it
-            # collected are still recorded where the connection allows.
-            self._record(failures)
+            # process is being interrupted): its successes were rolled back.
+            self.settle.abandoned(failures)
             raise
-        self._record(failures)
+        self.settle.recorded(written)
         if deferred:
             self._after_commit(deferred)
         return taken
+
+    def _retry_at(self, context: DeliveryContext, error: BaseException):
+        return self.policy.retry_at(
+            error, context.attempt, self.batch.clock(), self.rng
+        )
 
     def _after_commit(
         self, deferred: list[tuple[DeliveryContext, list[Callback]]]
@@ -227,12 +244,21 @@ class _Runner:
                 done.append(context)
             else:
                 failures.append((context, error))
-        self.outcomes.succeeded(done)
-        self._record(failures)
-
-    def _record(self, failures) -> None:
+        outcomes = self.settle.deferred_outcomes()
+        outcomes.succeeded(done)
         for context, error in failures:
-            retry_at = self.policy.retry_at(
-                error, context.attempt, self.batch.clock(), self.rng
-            )
-            self.outcomes.failed(context, error, retry_at)
+            outcomes.failed(context, error, self._retry_at(context, error))
+
+
+def _renamed(
+    deferred: list[tuple[DeliveryContext, list[Callback]]],
+    contexts: list[DeliveryContext],
+) -> list[tuple[DeliveryContext, list[Callback]]]:
+    """``deferred`` with each context replaced by the one of the same event in
+    ``contexts`` (its row written), those without one left out."""
+    by_event = {c.event_id: c for c in contexts}
+    return [
+        (by_event[c.event_id], callbacks)
+        for c, callbacks in deferred
+        if c.event_id in by_event
+    ]

@@ -28,10 +28,11 @@ from ..store.models import Subscription
 from ..subscribers import Handler, Kind, Subscriber
 from . import registry
 from .batch import Batch, ClaimAhead, Fold
-from .fanout import fan_out, subscribed_types
+from .fanout import fan_out, recorded_types, subscribed_types
 from .handlers import run_handlers
 from .outcomes import Outcomes, RelayReport
 from .sending import PublisherRunner, pauses
+from .stream import Cursors, StreamBatch, streaming
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -97,6 +98,41 @@ class SubscriptionView:
         self.held = Held(using)
         self._types: frozenset[str] | None = None
         self._read: tuple[tuple[str, ...], float] | None = None
+        self._recorded: dict[str, frozenset[str] | None] = {}
+        self._recorded_at: float | None = None
+        self._cursors: Cursors | None = None
+
+    def stream_types(self, subscriber: Subscriber) -> frozenset[str] | None:
+        """The event types stream delivery reads for ``subscriber``: those of
+        its active subscriptions, whichever relay recorded them
+        (:func:`~outbox_app.relay.fanout.recorded_types`, read at most once
+        a second), and its own."""
+        clock = time.monotonic()
+        if (
+            self._recorded_at is None
+            or clock - self._recorded_at >= HELD_REFRESH_SECONDS
+            or subscriber.name not in self._recorded
+        ):
+            self._recorded = recorded_types(self.using)
+            self._recorded_at = clock
+        if subscriber.event_types is None:
+            return None
+        recorded = self._recorded.get(subscriber.name, frozenset())
+        if recorded is None:
+            return None
+        return subscriber.event_types | recorded
+
+    def cursors(self, worker: str) -> Cursors:
+        """The stream cursors this relay holds (kept with the view)."""
+        if self._cursors is None:
+            self._cursors = Cursors(self.using, worker)
+        return self._cursors
+
+    def close(self) -> None:
+        """Hand back the cursors held (a relay stopping, a call done)."""
+        if self._cursors is not None:
+            self._cursors.release()
+            self._cursors = None
 
     def types(self, subscribers: Sequence[Subscriber]) -> frozenset[str] | None:
         """:func:`~outbox_app.relay.fanout.subscribed_types` of ``subscribers``,
@@ -141,7 +177,16 @@ def relay_once(
     Returns:
         RelayReport with the counts.
     """
+    own_view = view is None
     view = view or SubscriptionView(using)
+    try:
+        return _relay_once(kind, using, batch_size, max_seconds, now, stop, view)
+    finally:
+        if own_view:
+            view.close()
+
+
+def _relay_once(kind, using, batch_size, max_seconds, now, stop, view) -> RelayReport:
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
 
     def remaining() -> float | None:
@@ -243,8 +288,10 @@ def deliver(
     stop = stop or threading.Event()
     report = RelayReport()
     ahead = ClaimAhead(using)
+    own_view = view is None
     view = view or SubscriptionView(using)
     held = view.held
+    cursors = view.cursors(worker) if streaming(using) else None
     runners = {
         s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
     }
@@ -318,6 +365,24 @@ def deliver(
                     outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
                     assert isinstance(subscriber, Handler)
                     run_handlers(batch, subscriber, outcomes, stop, rng)
+                # The subscriber's stream: a batch per cursor it holds.
+                streamed_more = (
+                    cursors is not None
+                    and not stop.is_set()
+                    and _stream_turn(
+                        subscriber,
+                        cursors,
+                        runner,
+                        report,
+                        stop,
+                        rng,
+                        batch_size,
+                        now,
+                        view,
+                    )
+                )
+                if streamed_more and subscriber not in still_busy:
+                    still_busy.append(subscriber)
                 delivering = time.monotonic() - began
                 if len(batch):
                     relay_metrics.batch(subscriber.name, delivering)
@@ -329,6 +394,42 @@ def deliver(
     finally:
         # The batches in flight are collected; a batch claimed ahead and not
         # delivered (time is up, stopping, an error) is handed back.
-        for runner in runners.values():
-            runner.close()
-        report += ahead.close()
+        try:
+            for runner in runners.values():
+                runner.close()
+            report += ahead.close()
+        finally:
+            if own_view:
+                view.close()
+
+
+def _stream_turn(
+    subscriber: Subscriber,
+    cursors: Cursors,
+    runner: PublisherRunner | None,
+    report: RelayReport,
+    stop: threading.Event,
+    rng: random.Random | None,
+    batch_size: int,
+    now: datetime | None,
+    view: SubscriptionView,
+) -> bool:
+    """Read and deliver one batch from each cursor of ``subscriber`` this
+    relay holds (taking those that are free). Returns whether more may
+    follow (a batch was cut short by its limit)."""
+    more = False
+    types = view.stream_types(subscriber)
+    for hold in cursors.of(subscriber, now or database_now(cursors.using)):
+        if stop.is_set():
+            break
+        batch = StreamBatch.read(subscriber, hold, cursors, batch_size, now, types)
+        report.claimed += len(batch.contexts)
+        if runner is not None:
+            runner.deliver(batch, report, last=not batch.more or subscriber.ordered)
+        else:
+            assert isinstance(subscriber, Handler)
+            run_handlers(batch, subscriber, batch.outcomes(report), stop, rng)
+        if len(batch.contexts):
+            relay_metrics.batch(subscriber.name, time.monotonic() - batch.started)
+        more = more or batch.more
+    return more

@@ -28,8 +28,10 @@ from ..subscribers import DeliveryContext, Subscriber, dotted_path
 logger = logging.getLogger("outbox_app.relay")
 
 
-#: The error type recorded on a row skipped because its event expired.
+#: The error type and text recorded on a row skipped because its event
+#: expired.
 LAPSED_ERROR_TYPE = dotted_path(EventExpired)
+LAPSED_ERROR = "the event's expires_at passed before it was delivered"
 
 
 @dataclass
@@ -107,16 +109,26 @@ class Outcomes:
         written = self.gateway.succeed(self.token, ids, now)
         if all_or_none and written < len(ids):
             raise LeaseLost(f"{len(ids) - written} of {len(ids)} leases lost")
-        self.report.succeeded += written
-        name = self.subscriber.name
-        relay_metrics.outcome(name, "succeeded", written)
         if written == len(ids):
-            relay_metrics.latency(
-                name, (c.deliver_at or c.occurred_at for c in contexts), now
-            )
+            self.delivered(contexts, now)
         else:
+            self.report.succeeded += written
+            relay_metrics.outcome(self.subscriber.name, "succeeded", written)
             self.lost(len(ids) - written, "was delivered")
         return written
+
+    def delivered(
+        self, contexts: Sequence[DeliveryContext], now: datetime.datetime
+    ) -> None:
+        """Count ``contexts`` delivered at ``now`` (their outcome is written)
+        and observe each one's latency, publish (or scheduled time) to
+        ``now``."""
+        self.report.succeeded += len(contexts)
+        name = self.subscriber.name
+        relay_metrics.outcome(name, "succeeded", len(contexts))
+        relay_metrics.latency(
+            name, (c.deliver_at or c.occurred_at for c in contexts), now
+        )
 
     def failed(
         self,
@@ -151,6 +163,17 @@ class Outcomes:
         if not written:
             self.lost(1, "failed")
             return
+        self.failure(context, error, retry_at, error_type)
+
+    def failure(
+        self,
+        context: DeliveryContext,
+        error: BaseException,
+        retry_at: datetime.datetime | None,
+        error_type: str,
+    ) -> None:
+        """Count and log a failed attempt whose outcome is written: FAILED
+        due at ``retry_at``, or DEAD when it is None."""
         relay_metrics.failure(self.subscriber.name, error_type)
         if retry_at is None:
             self.report.dead += 1
@@ -187,20 +210,27 @@ class Outcomes:
         written = self.gateway.lapse(
             self.token,
             [c.delivery_id for c in contexts],
-            error="the event's expires_at passed before it was delivered",
+            error=LAPSED_ERROR,
             error_type=LAPSED_ERROR_TYPE,
             now=self.now(),
         )
-        self.report.lapsed += written
-        relay_metrics.outcome(self.subscriber.name, "lapsed", written)
+        self.skipped(written)
+        self.lost(len(contexts) - written, "expired")
+        return written
+
+    def skipped(self, count: int) -> None:
+        """Count and log ``count`` deliveries skipped unattempted, their event
+        expired (their outcome is written)."""
+        if not count:
+            return
+        self.report.lapsed += count
+        relay_metrics.outcome(self.subscriber.name, "lapsed", count)
         logger.info(
             "%s: %d delivery(s) skipped, their event expired before delivery",
             self.subscriber.name,
-            written,
+            count,
             extra={"subscriber": self.subscriber.name},
         )
-        self.lost(len(contexts) - written, "expired")
-        return written
 
     def released(self, ids: Sequence[int], due: datetime.datetime | None = None) -> int:
         """Hand ``ids`` back unattempted, due at ``due`` (default now). Returns

@@ -24,6 +24,7 @@ from ..subscribers import (
     Handler,
     Kind,
     Subscriber,
+    check_stream_options,
     dotted_path,
     keep,
     registry_lock,
@@ -41,6 +42,8 @@ def handler(
     ordered: bool = False,
     timeout: float | None = None,
     aliases: Iterable[str] = (),
+    start: str = "now",
+    partitions: int | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn(event, context)`` as an in-process handler.
 
@@ -61,6 +64,12 @@ def handler(
         timeout: seconds one attempt may run; ``None`` for no limit.
         aliases: former names; deliveries stored under them keep flowing to
             this handler after a rename.
+        start: stream delivery: where a new handler's cursor starts,
+            ``"now"`` (the events committed from its first record on) or
+            ``"earliest"`` (every event kept).
+        partitions: stream delivery: how many partitions its events are
+            split into (several relays share them); default
+            ``OUTBOX_PARTITIONS``.
 
     Returns:
         The decorator; it returns ``fn`` unchanged.
@@ -72,6 +81,7 @@ def handler(
     """
     if not event_types:
         raise ImproperlyConfigured("@handler needs at least one event class or type")
+    check_stream_options("@handler", start, partitions)
     types = frozenset(
         validate_event_type(t if isinstance(t, str) else t.event_type)
         for t in event_types
@@ -89,6 +99,8 @@ def handler(
             retry_on=tuple(retry_on),
             give_up_on=tuple(give_up_on),
             timeout=timeout,
+            start=start,
+            partitions=partitions,
         )
         keep(_handlers, spec, "handler")
         return fn

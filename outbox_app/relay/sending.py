@@ -47,6 +47,7 @@ from ..publishers.base import Publisher
 from ..subscribers import DeliveryContext
 from .batch import Batch, Sidecar
 from .outcomes import Outcomes, RelayReport
+from .stream import StreamBatch
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -70,10 +71,17 @@ class PublisherRunner:
         self.marks = Sidecar(using, "outbox-mark")
         self.marking: list[tuple[Future, RelayReport, RelayReport]] = []
 
-    def deliver(self, batch: Batch, report: RelayReport, *, last: bool) -> None:
+    def deliver(
+        self, batch: Batch | StreamBatch, report: RelayReport, *, last: bool
+    ) -> None:
         """Send ``batch``, then collect and record the batch sent before it.
-        ``last``: no batch follows soon, so collect this one at once too."""
-        outcomes = Outcomes(batch.gateway, self.publisher, batch.token, report)
+        ``last``: no batch follows soon, so collect this one at once too.
+
+        An ordered publisher's stream batch, which may hold several events of
+        one aggregate, is sent in waves of at most one event per aggregate,
+        each confirmed before the next (:meth:`_waves`)."""
+        outcomes = batch.outcomes(report)
+        settlement = batch.settlement(outcomes)
         claimed = batch.contexts
         contexts = batch.keep(claimed)
         outcomes.lost(len(claimed) - len(contexts), "were taken over")
@@ -84,35 +92,95 @@ class PublisherRunner:
                 fresh.append(context)
             else:
                 outcomes.failed(context, error, None)
+        if isinstance(batch, StreamBatch) and self.publisher.ordered and fresh:
+            self.finish()
+            self._waves(batch, settlement, fresh)
+            return
         sent = None
-        if fresh:
-            name = self.publisher.name
-            try:
-                with tracing.span(
-                    f"outbox publish {name}",
-                    producer=True,
-                    headers=(c.headers for c in fresh),
-                    attributes={
-                        "messaging.system": "outbox_app",
-                        "messaging.operation.type": "send",
-                        "messaging.destination.name": name,
-                        "messaging.batch.message_count": len(fresh),
-                    },
-                ):
-                    handle = self.publisher.send(fresh)
-            except Exception as exc:
-                handle = _Raised(exc)
-            sent = _Sent(batch, outcomes, fresh, handle, backlog=not last)
+        if fresh or (isinstance(batch, StreamBatch) and not batch.hold.lost):
+            handle = self._send(fresh) if fresh else []
+            sent = _Sent(batch, settlement, fresh, handle, backlog=not last)
         self.finish()
         self.in_flight = sent
         if last:
             self.finish()
+
+    def _send(self, contexts: list[DeliveryContext]) -> Any:
+        """Put ``contexts`` on the wire (:meth:`Publisher.send`) in a span; a
+        raised error becomes every message's outcome."""
+        name = self.publisher.name
+        try:
+            with tracing.span(
+                f"outbox publish {name}",
+                producer=True,
+                headers=(c.headers for c in contexts),
+                attributes={
+                    "messaging.system": "outbox_app",
+                    "messaging.operation.type": "send",
+                    "messaging.destination.name": name,
+                    "messaging.batch.message_count": len(contexts),
+                },
+            ):
+                return self.publisher.send(contexts)
+        except Exception as exc:
+            return _Raised(exc)
+
+    def _waves(
+        self, batch: StreamBatch, settlement, contexts: list[DeliveryContext]
+    ) -> None:
+        """Send an ordered publisher's stream batch in waves: each wave holds
+        the next event of every aggregate still flowing (and every event
+        without one), and is confirmed before the next is sent, so no event
+        is on the wire while an earlier one of its aggregate may fail. An
+        aggregate whose event failed or met an outage sends nothing more in
+        this batch: its later events are set aside behind it."""
+        waiting = list(contexts)
+        results: dict[int, BaseException | None] = {}
+        while waiting:
+            wave, rest, seen = [], [], set()
+            for context in waiting:
+                key = (context.aggregate_type, context.aggregate_id)
+                if context.aggregate_id is not None and key in seen:
+                    rest.append(context)
+                    continue
+                seen.add(key)
+                if settlement.skip(context):
+                    continue
+                wave.append(context)
+            if not wave:
+                break
+            outcomes = self._collect(_Sent(batch, settlement, wave, self._send(wave)))
+            for context, result in zip(wave, outcomes, strict=True):
+                results[id(context)] = result
+                if result is not None and context.aggregate_id is not None:
+                    batch.held.add((context.aggregate_type, context.aggregate_id))
+            outage = next(
+                (r for r in outcomes if isinstance(r, PublisherUnavailable)), None
+            )
+            if outage is not None:
+                # Nothing more is sent: what was not is taken back as the
+                # outage's, so the cursor stays before it too.
+                for context in rest:
+                    results[id(context)] = outage
+                break
+            waiting = rest
+        sent = [c for c in contexts if id(c) in results]
+        self._record(
+            _Sent(batch, settlement, sent, None),
+            [results[id(c)] for c in sent],
+        )
 
     def finish(self) -> None:
         """Collect and record the batch in flight, if any."""
         sent, self.in_flight = self.in_flight, None
         if sent is None:
             return
+        self._record(sent, self._collect(sent))
+
+    def _collect(self, sent: _Sent) -> list[BaseException | None]:
+        """The outcome of each message of ``sent``, normalised."""
+        if not sent.contexts:
+            return []
         if isinstance(sent.handle, _Raised):
             results = [sent.handle.error] * len(sent.contexts)
         else:
@@ -125,7 +193,7 @@ class PublisherRunner:
                     )
             except Exception as exc:
                 results = [exc] * len(sent.contexts)
-        self._record(sent, [self._normalise(r) for r in results])
+        return [self._normalise(r) for r in results]
 
     def _normalise(self, result: Any) -> BaseException | None:
         if result is None:
@@ -139,15 +207,25 @@ class PublisherRunner:
         return DeliveryError(f"{type(self.publisher).__name__} reported {result!r}")
 
     def _record(self, sent: _Sent, results: list[BaseException | None]) -> None:
-        outcomes, batch = sent.outcomes, sent.batch
+        batch = sent.batch
         pairs = list(zip(sent.contexts, results, strict=True))
         delivered = [c for c, r in pairs if r is None]
         outages = [(c, r) for c, r in pairs if isinstance(r, PublisherUnavailable)]
-        self._mark(outcomes, delivered, sent.backlog)
+        failures = [
+            (c, r, self.policy.retry_at(r, c.attempt, batch.clock(), self.rng))
+            for c, r in pairs
+            if r is not None and not isinstance(r, PublisherUnavailable)
+        ]
+        # No attempt is counted for an outage: its rows are due again at once
+        # (a stream's cursor stays before them), sent again once a probe
+        # shows the destination is back.
+        sent.settlement.sent(
+            delivered,
+            [c for c, _ in outages],
+            failures,
+            lambda outcomes, contexts: self._mark(outcomes, contexts, sent.backlog),
+        )
         if outages:
-            # No attempt counted: the rows are due again at once (and claimed
-            # again once a probe shows the destination is back).
-            outcomes.released([c.delivery_id for c, _ in outages])
             pauses.pause(
                 self.publisher,
                 outages[0][1],
@@ -155,12 +233,6 @@ class PublisherRunner:
                 batch.gateway.using,
                 self.rng,
             )
-        for context, error in pairs:
-            if error is not None and not isinstance(error, PublisherUnavailable):
-                retry_at = self.policy.retry_at(
-                    error, context.attempt, batch.clock(), self.rng
-                )
-                outcomes.failed(context, error, retry_at)
 
     def _mark(
         self, outcomes: Outcomes, delivered: list[DeliveryContext], backlog: bool
@@ -205,11 +277,11 @@ class PublisherRunner:
 
 @dataclass
 class _Sent:
-    batch: Batch
-    outcomes: Outcomes
+    batch: Batch | StreamBatch
+    settlement: Any
     contexts: list
     handle: Any
-    backlog: bool  # more batches follow: its mark may overlap them
+    backlog: bool = False  # more batches follow: its mark may overlap them
 
 
 @dataclass

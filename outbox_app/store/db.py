@@ -29,6 +29,9 @@ class FilteredIndex(models.Index):
     by ``fallback_prefix``, the columns the condition tests: the shape is the
     dialect's (:meth:`~outbox_app.store.sql.base.Dialect.filtered_index`).
 
+    ``fallback_prefix`` None: no index at all where there are no partial
+    indexes (an index of a column only another database fills).
+
     One migration serves all three databases.
     """
 
@@ -38,11 +41,13 @@ class FilteredIndex(models.Index):
         fields: list[str] | tuple[str, ...],
         name: str,
         when: Q,
-        fallback_prefix: list[str] | tuple[str, ...],
+        fallback_prefix: list[str] | tuple[str, ...] | None,
     ):
         super().__init__(fields=fields, name=name)
         self.when = when
-        self.fallback_prefix = list(fallback_prefix)
+        self.fallback_prefix = (
+            None if fallback_prefix is None else list(fallback_prefix)
+        )
 
     def deconstruct(self) -> tuple[str, tuple, dict[str, Any]]:
         _, args, kwargs = super().deconstruct()
@@ -50,8 +55,18 @@ class FilteredIndex(models.Index):
         return "outbox_app.store.db.FilteredIndex", args, kwargs
 
     def create_sql(self, model, schema_editor, using="", **kwargs):
-        concrete = dialect_of(schema_editor.connection).filtered_index(self)
+        d = dialect_of(schema_editor.connection)
+        concrete = d.filtered_index(self)
+        if concrete is None:
+            return d.no_op
         return concrete.create_sql(model, schema_editor, using=using, **kwargs)
+
+    def remove_sql(self, model, schema_editor, **kwargs):
+        d = dialect_of(schema_editor.connection)
+        concrete = d.filtered_index(self)
+        if concrete is None:
+            return d.no_op
+        return concrete.remove_sql(model, schema_editor, **kwargs)
 
 
 def lock_waiting(queryset: QuerySet) -> QuerySet:

@@ -44,10 +44,12 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
+from ..conf import outbox_settings
 from ..subscribers import DeliveryContext
 from .db import reissued_on_deadlock
 from .lifecycle import State
 from .sql import Dialect, dialect
+from .sql.base import EVENT_COLUMNS
 
 #: No byte budget: larger than any batch's payloads.
 UNBOUNDED = 2**62
@@ -405,7 +407,317 @@ class Gateway:
             return cursor.rowcount
 
 
-def _context(d: Dialect, row: tuple) -> DeliveryContext:
+# --- stream delivery ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where a cursor reads (:class:`~outbox_app.store.models.Cursor`).
+
+    Attributes:
+        tick: the last tick read to its end (PostgreSQL: a snapshot's text);
+            None where a position alone is read (SQLite).
+        next_tick: the tick being read; None: the next read takes one.
+        position: the last event position delivered (PostgreSQL: within
+            ``next_tick``); 0: none.
+    """
+
+    tick: str | None
+    next_tick: str | None
+    position: int
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """One event of a stream read: its delivery context (``delivery_id``
+    None, attempt 1) and whether an unfinished delivery of its aggregate
+    waits before it (``held``: ordered subscribers)."""
+
+    context: DeliveryContext
+    held: bool = False
+
+
+@dataclass(frozen=True)
+class StreamRead:
+    """A batch of stream delivery.
+
+    Attributes:
+        tick: the tick read (PostgreSQL: a snapshot's text; None on SQLite).
+        events: the events, in position order.
+        more: whether events may follow in the same tick (the limit or the
+            byte budget cut the batch short).
+    """
+
+    tick: str | None
+    events: list[Streamed]
+    more: bool
+
+
+@dataclass(frozen=True)
+class Diverted:
+    """The delivery row stream delivery writes for an event it passes without
+    delivering it (the ``divert`` transition): the columns of
+    :attr:`Dialect.DIVERTED <outbox_app.store.sql.base.Dialect.DIVERTED>`
+    besides the subscriber, which the caller gives."""
+
+    event_id: uuid.UUID
+    state: str
+    attempts: int
+    next_retry_at: datetime.datetime
+    locked_until: datetime.datetime | None = None
+    locked_by: str = ""
+    lease_token: uuid.UUID | None = None
+    last_error: str = ""
+    last_error_type: str = ""
+    last_traceback: str = ""
+    first_failed_at: datetime.datetime | None = None
+    completed_at: datetime.datetime | None = None
+
+
+def streaming(using: str = "default") -> bool:
+    """Whether events published on database ``using`` are delivered by stream
+    (each subscriber's cursor reads them; rows only for what needs
+    attention) rather than by a delivery row per subscriber: where the
+    database can (:attr:`Dialect.stream <outbox_app.store.sql.base.Dialect.
+    stream>`: PostgreSQL, SQLite) unless ``OUTBOX_ENGINE`` is ``"rows"``.
+    ``publish()`` writes an event for the one or the other; relays deliver
+    both kinds of event whatever the setting."""
+    return outbox_settings.ENGINE != "rows" and dialect(using).stream is not None
+
+
+def partitions(subscriber, using: str = "default") -> int:
+    """How many partitions stream delivery splits ``subscriber``'s events
+    into on database ``using``: its ``partitions`` option, else
+    ``OUTBOX_PARTITIONS``; one where one relay serves the database
+    (SQLite)."""
+    if dialect(using).single_writer:
+        return 1
+    return subscriber.partitions or outbox_settings.PARTITIONS
+
+
+class Stream:
+    """The statements of stream delivery on database ``using``: a cursor's
+    lease, its reads and its moves, and the delivery rows of the events it
+    passes without delivering them (:class:`Diverted`).
+
+    A cursor is moved with a compare-and-set on its lease token, so a relay
+    that lost the lease (it stalled past it and another relay took the
+    cursor) moves nothing; a move runs in the caller's transaction when
+    there is one (a handler group's, with the handlers' writes).
+    """
+
+    def __init__(self, using: str = "default"):
+        self.using = using
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.using)
+
+    def _cursor(self):
+        return self.dialect.cursor(connections[self.using])
+
+    def take(
+        self,
+        subscriber: str,
+        partitions: int,
+        partition: int,
+        *,
+        token: uuid.UUID,
+        worker: str,
+        expiry: datetime.datetime,
+        now: datetime.datetime,
+    ) -> tuple[int, Reading] | None:
+        """Lease the cursor ``partition`` of ``partitions`` of ``subscriber``
+        if it is free or its lease ran out (by ``now``), until ``expiry``.
+        Returns its id and :class:`Reading`, or None (another relay holds it,
+        or it does not exist)."""
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        params = [
+            d.uuid_param(token),
+            worker[:255],
+            d.datetime_param(expiry),
+            stamp,
+            subscriber,
+            partitions,
+            partition,
+            stamp,
+        ]
+        with self._cursor() as cursor:
+            cursor.execute(d.take_cursor, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        cursor_id, tick, next_tick, position = row
+        return cursor_id, Reading(tick, next_tick, position or 0)
+
+    def read(
+        self,
+        subscriber: str,
+        reading: Reading,
+        *,
+        event_types: frozenset[str] | None,
+        partitions: int,
+        partition: int,
+        held: Sequence[str] | None,
+        limit: int,
+        max_bytes: int = UNBOUNDED,
+        walk: bool = False,
+    ) -> StreamRead:
+        """The next batch of the cursor at ``reading``: up to ``limit`` events
+        of ``event_types`` (None: every type) in the partition, in position
+        order, whose payloads add up to at most ``max_bytes`` bytes (the first
+        event alone, however large). Where ``reading`` has no tick being read
+        (PostgreSQL), a tick is taken now and returned. ``held``: the names of
+        an ordered subscriber, whose events waiting behind an unfinished
+        delivery of their aggregate are flagged. ``walk``: read on by the
+        position index (a large tick, after its first batch)."""
+        d = self.dialect
+        params: list = []
+        if d.stream == "snapshot":
+            params += [reading.tick, reading.next_tick]
+        if held is not None:
+            params += list(held)
+        if event_types is not None:
+            params += sorted(event_types)
+        partitioned = partitions > 1
+        if partitioned:
+            params += [partitions, partition]
+        params += [reading.position, limit, max_bytes]
+        text = d.stream_read(
+            None if event_types is None else len(event_types),
+            partitioned,
+            None if held is None else len(held),
+            walk,
+        )
+        with self._cursor() as cursor:
+            cursor.execute(text, params)
+            rows = cursor.fetchall()
+        tick = rows[0][0] if rows else None
+        events: list[Streamed] = []
+        candidates = 0
+        for row in rows:
+            if row[1] is None:
+                continue
+            flag = bool(row[-2]) if held is not None else False
+            columns = row[2 : 2 + len(EVENT_COLUMNS)]
+            context = _context(d, (None, 1, subscriber, *columns), position=row[1])
+            events.append(Streamed(context, flag))
+            candidates = row[-1]
+        more = candidates >= limit or len(events) < candidates
+        return StreamRead(tick, events, more)
+
+    def move(
+        self,
+        cursor_id: int,
+        token: uuid.UUID,
+        reading: Reading,
+        *,
+        expiry: datetime.datetime,
+        now: datetime.datetime,
+        ticked: bool = False,
+    ) -> bool:
+        """Write ``reading`` as the cursor's and extend its lease to
+        ``expiry``, if it is still held under ``token`` (``ticked``: a tick
+        was read to its end). Returns False when the lease was lost (nothing
+        written)."""
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        params = [
+            reading.tick,
+            reading.next_tick,
+            reading.position or None,
+            d.datetime_param(expiry),
+            stamp if ticked else None,
+            stamp,
+            cursor_id,
+            d.uuid_param(token),
+        ]
+        with self._cursor() as cursor:
+            cursor.execute(d.advance_cursor, params)
+            return cursor.rowcount == 1
+
+    def release(
+        self,
+        cursor_id: int,
+        token: uuid.UUID,
+        reading: Reading,
+        *,
+        now: datetime.datetime,
+        ticked: bool = False,
+    ) -> bool:
+        """Write ``reading`` and hand the cursor back (free for any relay), if
+        it is still held under ``token``. Returns False when it was not."""
+        d = self.dialect
+        stamp = d.datetime_param(now)
+        params = [
+            reading.tick,
+            reading.next_tick,
+            reading.position or None,
+            stamp if ticked else None,
+            stamp,
+            cursor_id,
+            d.uuid_param(token),
+        ]
+        with self._cursor() as cursor:
+            cursor.execute(d.release_cursor, params)
+            return cursor.rowcount == 1
+
+    def divert(
+        self,
+        subscriber: str,
+        rows: Sequence[Diverted],
+        now: datetime.datetime,
+        *,
+        returning: bool = False,
+    ) -> list[int | None]:
+        """Insert the delivery rows of ``rows`` for ``subscriber`` (one per
+        event; an existing ``(event, subscriber)`` row is left alone).
+        Returns, with ``returning``, each new row's id (None where a row
+        existed); otherwise an empty list."""
+        if not rows:
+            return []
+        d = self.dialect
+        stamp = d.datetime_param(now)
+
+        def params(row: Diverted) -> list:
+            return [
+                subscriber,
+                row.state,
+                row.attempts,
+                d.datetime_param(row.next_retry_at),
+                None
+                if row.locked_until is None
+                else d.datetime_param(row.locked_until),
+                row.locked_by[:255],
+                d.uuid_param(row.lease_token),
+                row.last_error,
+                row.last_error_type[:255],
+                row.last_traceback,
+                None
+                if row.first_failed_at is None
+                else d.datetime_param(row.first_failed_at),
+                None
+                if row.completed_at is None
+                else d.datetime_param(row.completed_at),
+                stamp,
+                stamp,
+                d.uuid_param(row.event_id),
+            ]
+
+        with self._cursor() as cursor:
+            if not returning:
+                cursor.executemany(d.divert(False), [params(r) for r in rows])
+                return []
+            ids: list[int | None] = []
+            for row in rows:
+                cursor.execute(d.divert(True), params(row))
+                found = cursor.fetchone()
+                ids.append(None if found is None else found[0])
+            return ids
+
+
+def _context(d: Dialect, row: tuple, position: int | None = None) -> DeliveryContext:
     (
         delivery_id,
         attempts,
@@ -448,4 +760,5 @@ def _context(d: Dialect, row: tuple) -> DeliveryContext:
         operation=operation,
         payload_bytes=payload_bytes,
         using=d.alias,
+        position=position,
     )

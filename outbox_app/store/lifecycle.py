@@ -75,6 +75,17 @@ DELIVERY: tuple[Transition, ...] = (
         "fan-out claims it for its own batch",
     ),
     Transition(
+        "divert",
+        (),
+        (P, R, F, D, K),
+        "relay",
+        "stream delivery passes an event it does not deliver now: its first "
+        "attempt failed (FAILED; DEAD when it was the last or is never retried), "
+        "it expired (SKIPPED), it is due later or waits behind an unfinished "
+        "row of its aggregate (PENDING), or a handler's on_commit callbacks run "
+        "after the commit (RUNNING)",
+    ),
+    Transition(
         "claim",
         (P, F, R),
         (R,),

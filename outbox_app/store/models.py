@@ -21,6 +21,7 @@ from .db import FilteredIndex
 from .lifecycle import CLAIMABLE, UNFINISHED, InboxState, State
 from .querysets import (
     ConsumerSubscriptionQuerySet,
+    CursorQuerySet,
     DeliveryQuerySet,
     InboxMessageQuerySet,
     OutboxEventQuerySet,
@@ -28,10 +29,31 @@ from .querysets import (
     SubscriptionQuerySet,
     served_since,
 )
+from .sql import dialect_of
 
 #: The unique constraint on (aggregate_type, aggregate_id, aggregate_version):
 #: publish() reports its violation as DuplicateAggregateVersion.
 AGGREGATE_VERSION_UNIQUE = "outbox_event_aggregate_version_uniq"
+
+
+class TransactionIdField(models.BigIntegerField):
+    """The id of the transaction that wrote a row: ``xid8`` on PostgreSQL,
+    filled by the column's default (:class:`CurrentTransactionId`); a bigint
+    left empty elsewhere. Never read into Python by the relay: its SQL
+    compares it with snapshots."""
+
+    def db_type(self, connection):
+        return dialect_of(connection).transaction_id_type or super().db_type(connection)
+
+
+class CurrentTransactionId(models.Func):
+    """The writing transaction's id as a column default: PostgreSQL's
+    ``pg_current_xact_id()``; NULL elsewhere."""
+
+    output_field = models.BigIntegerField()
+
+    def as_sql(self, compiler, connection, **extra_context):
+        return dialect_of(connection).current_transaction_id, []
 
 
 def new_event_id() -> uuid.UUID:
@@ -101,9 +123,22 @@ class OutboxEvent(models.Model):
     )
     fanned_out = models.BooleanField(
         _("fanned out"),
+        null=True,
         help_text=_(
-            "Its deliveries exist (one per subscriber); whether each was "
-            "delivered is the delivery's state. Written False on insert."
+            "Row delivery: its deliveries exist (one per subscriber); whether "
+            "each was delivered is the delivery's state. Written False on "
+            "insert. Empty: stream delivery, where each subscriber's cursor "
+            "reads the event and the row is never written again."
+        ),
+    )
+    txid = TransactionIdField(
+        null=True,
+        editable=False,
+        db_default=CurrentTransactionId(),
+        help_text=_(
+            "The id of the transaction that wrote the event (PostgreSQL's "
+            "xid8): stream delivery reads the events whose transaction "
+            "committed between two ticks. Empty on other databases."
         ),
     )
 
@@ -155,6 +190,15 @@ class OutboxEvent(models.Model):
                 fallback_prefix=[],
             ),
             models.Index(fields=["created_at"], name="outbox_event_created"),
+            # Stream delivery reads a tick's events by their transaction id
+            # (PostgreSQL); nothing fills it elsewhere, where no index is
+            # kept (fallback_prefix None).
+            FilteredIndex(
+                fields=["txid"],
+                name="outbox_event_stream",
+                when=Q(txid__isnull=False),
+                fallback_prefix=None,
+            ),
         ]
 
     def __str__(self) -> str:
@@ -365,6 +409,79 @@ class Subscription(models.Model):
         return self.retired_at is None and self.last_seen_at >= served_since(
             now, self._state.db
         )
+
+
+class Cursor(models.Model):
+    """One subscriber's position in the outbox, for stream delivery: one row
+    per subscriber and partition, held by one relay at a time through a
+    fenced lease (``lease_token``, ``locked_until`` on the database's clock).
+
+    On PostgreSQL a cursor reads the events by snapshot visibility: a batch
+    is the events whose transaction is visible in the tick being read
+    (``next_tick``, a ``pg_current_snapshot()``) and was not in the last
+    finished one (``tick``), in position order, after ``position``. On
+    SQLite, whose writers are serialised so that positions are numbered in
+    commit order, a cursor is the last position delivered (``position``).
+    A subscriber that is up to date has written nothing per event: a
+    cursor moves once a batch, and only what needs attention (a failed
+    attempt, an event due later, an event waiting behind an unfinished
+    delivery of its aggregate) becomes a :class:`Delivery` row.
+    """
+
+    subscriber = models.CharField(max_length=150)
+    partition = models.PositiveIntegerField(
+        default=0, help_text=_("This cursor's slice of the subscriber's events.")
+    )
+    partitions = models.PositiveIntegerField(
+        default=1,
+        help_text=_(
+            "How many slices the subscriber's events are split into, by a hash "
+            "of their aggregate."
+        ),
+    )
+    tick = models.TextField(
+        null=True,
+        blank=True,
+        help_text=_("The last tick read to its end (PostgreSQL: a snapshot)."),
+    )
+    next_tick = models.TextField(
+        null=True,
+        blank=True,
+        help_text=_("The tick being read, if one is (PostgreSQL: a snapshot)."),
+    )
+    position = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "The last event position delivered (PostgreSQL: within the tick "
+            "being read; empty: none yet)."
+        ),
+    )
+    lease_token = models.UUIDField(null=True, blank=True)
+    locked_by = models.CharField(max_length=255, blank=True, default="")
+    locked_until = models.DateTimeField(null=True, blank=True)
+    ticked_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("When it last read a tick to its end.")
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = CursorQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("cursor")
+        verbose_name_plural = _("cursors")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscriber", "partitions", "partition"],
+                name="outbox_cursor_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.partitions == 1:
+            return self.subscriber
+        return f"{self.subscriber} [{self.partition + 1}/{self.partitions}]"
 
 
 class InboxMessage(models.Model):

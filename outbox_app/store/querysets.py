@@ -399,6 +399,7 @@ class SubscriptionQuerySet(QuerySet):
             for t in sorted(s.event_types or (WILDCARD,))
         ]
         self._seen(rows, ["subscriber", "event_type"], worker, now, heartbeat)
+        self._ensure_cursors(subscribers)
         aliases = {a: s.name for s in subscribers for a in s.aliases}
         for alias, name in aliases.items():
             self.active().filter(subscriber=alias).update(
@@ -415,6 +416,16 @@ class SubscriptionQuerySet(QuerySet):
                     event_type__in=taken,
                     retired_by__startswith=NARROWED,
                 ).update(retired_at=None, retired_by="")
+
+    def _ensure_cursors(self, subscribers) -> None:
+        """Stream delivery: a subscriber recorded for the first time gets its
+        cursors now, so it receives the events committed from now on,
+        whichever relay runs first (:meth:`CursorQuerySet.ensure`)."""
+        from .gateway import streaming
+        from .models import Cursor
+
+        if streaming(self.db):
+            Cursor.objects.using(self.db).ensure(subscribers)
 
     def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
         """Insert the missing ``rows`` (a retired row stays retired); refresh
@@ -481,6 +492,57 @@ class SubscriptionQuerySet(QuerySet):
         resumed = rows.paused_names()
         rows.filter(paused_at__isnull=False).update(paused_at=None, paused_by="")
         return len(resumed)
+
+
+class CursorQuerySet(QuerySet):
+    def ensure(self, subscribers: Iterable, *, earliest: bool | None = None) -> int:
+        """Create the cursors of ``subscribers`` (:class:`~outbox_app.
+        subscribers.Subscriber` values) that stream delivery lacks: one per
+        partition (:func:`~outbox_app.store.gateway.partitions`). A new
+        cursor starts at the current tick (the events committed from now on),
+        or at the earliest event kept where the subscriber's ``start`` is
+        ``"earliest"`` (``earliest`` overrides it). A subscriber renamed
+        (its ``aliases``) takes over its former name's cursors instead, so
+        it goes on where that one stopped. Existing cursors are left alone.
+
+        Returns:
+            Cursors created or taken over.
+        """
+        from .gateway import partitions
+        from .sql import dialect
+
+        d = dialect(self.db)
+        created = 0
+        for subscriber in subscribers:
+            count = partitions(subscriber, self.db)
+            mine = self.filter(subscriber=subscriber.name, partitions=count)
+            if mine.count() == count:
+                continue
+            former = self.filter(subscriber__in=subscriber.aliases, partitions=count)
+            if not mine.exists() and former.exists():
+                created += former.update(subscriber=subscriber.name)
+                continue
+            first = earliest
+            if first is None:
+                first = getattr(subscriber, "start", "now") == "earliest"
+            tick, position = d.first_reading(self.db, first)
+            now = database_now(self.db)
+            rows = [
+                self.model(
+                    subscriber=subscriber.name,
+                    partition=partition,
+                    partitions=count,
+                    tick=tick,
+                    position=position or None,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for partition in range(count)
+            ]
+            before = mine.count()
+            self.bulk_create(rows, ignore_conflicts=True)
+            created += mine.count() - before
+        return created
 
 
 class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):

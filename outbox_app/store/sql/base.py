@@ -127,9 +127,22 @@ class Dialect:
             wakes relays in other processes at once; elsewhere they poll.
         insert_ignore: the words before and after an INSERT that skips rows
             breaking a unique constraint.
+        stream: how stream delivery reads the outbox here: ``"snapshot"``
+            (PostgreSQL: a batch is the events whose writing transaction is
+            visible in one tick and was not in the previous one, in position
+            order), ``"position"`` (SQLite: one writer at a time numbers
+            positions in commit order, so the last position read is exact),
+            or None (MySQL/MariaDB: no snapshot functions; row delivery).
+        transaction_id_type, current_transaction_id: the column type of an
+            event's writing transaction id and the SQL of its default
+            (PostgreSQL: ``xid8``, ``pg_current_xact_id()``); None and
+            ``NULL`` where stream delivery does not read it.
     """
 
     vendor: str = ""
+    stream: str | None = None
+    transaction_id_type: str | None = None
+    current_transaction_id = "NULL"
     update_returning = False
     writable_cte = False
     array_parameter = False
@@ -142,13 +155,14 @@ class Dialect:
     def __init__(self, alias: str):
         # Imported here: the models import FilteredIndex from store.db, which
         # imports this package.
-        from ..models import Delivery, OutboxEvent, Subscription
+        from ..models import Cursor, Delivery, OutboxEvent, Subscription
 
         self.alias = alias
         self.quote_char = connections[alias].ops.quote_name("x")[0]
         self.n = self.quote(Delivery._meta.db_table)
         self.e = self.quote(OutboxEvent._meta.db_table)
         self.s = self.quote(Subscription._meta.db_table)
+        self.c = self.quote(Cursor._meta.db_table)
         self.claimable = _states(CLAIMABLE)
         self.unfinished = _states(UNFINISHED)
         # The partial index spells it NOT "fanned_out" (SQLite matches the text).
@@ -264,10 +278,14 @@ class Dialect:
         (0 for NULL)."""
         return f"COALESCE(length(CAST({column} AS BLOB)), 0)"
 
-    def filtered_index(self, index: FilteredIndex) -> models.Index:
+    def filtered_index(self, index: FilteredIndex) -> models.Index | None:
         """The index ``index`` creates here: a partial index (PostgreSQL,
         SQLite)."""
         return models.Index(fields=index.fields, name=index.name, condition=index.when)
+
+    #: A statement that does nothing: what a schema change writes for an index
+    #: this database does not keep (:meth:`filtered_index` returns None).
+    no_op = "SELECT 1"
 
     def rename_index(self, table: str, old: str, new: str) -> str | None:
         """SQL renaming index (or unique constraint) ``old`` of ``table`` (both
@@ -611,4 +629,178 @@ class Dialect:
             "attempts = attempts - 1, next_retry_at = %s, locked_until = NULL, "
             "lease_token = NULL, locked_by = '', updated_at = %s "
             f"WHERE {self._held(count)}"
+        )
+
+    # -- stream delivery
+
+    def _tick(self) -> tuple[str, list[str]]:
+        """The ``WITH`` part of a stream read that names the tick (none where
+        a position alone is read) and how many of its parameters come
+        first."""
+        return "", []
+
+    def _in_tick(self, walk: bool) -> str:
+        """The condition of an event (``e``) read in the tick: raises
+        NotImplementedError where the database has no stream delivery."""
+        raise NotImplementedError
+
+    def _tick_value(self) -> str:
+        """SQL for the tick a stream read used (its first column)."""
+        return "NULL"
+
+    @functools.cache  # noqa: B019
+    def stream_read(
+        self, type_count: int | None, partitioned: bool, held: int | None, walk: bool
+    ) -> str:
+        """A batch of stream delivery: the next events of a cursor, in position
+        order, within a byte budget; one row per event, or one row of NULLs
+        when there is none, each led by the tick read (:meth:`_tick_value`).
+
+        Columns: the tick, ``position``, :data:`EVENT_COLUMNS`, ``held`` (with
+        ``held``: an unfinished delivery of the event's aggregate waits under
+        one of ``held`` subscriber names, so an ordered subscriber's event
+        waits behind it), and how many events the limit let through before
+        the byte budget (``candidates``). Parameters: the tick's
+        (:meth:`_tick`), the ``held`` names, ``type_count`` event types (None:
+        every type), with ``partitioned`` the count of partitions and this
+        one's number, the position read last (0: none yet), the limit, the
+        byte budget.
+        """
+        e, n = self.e, self.n
+        columns = ["e.position", *(f"e.{c}" for c in EVENT_COLUMNS)]
+        if held is not None:
+            names = ", ".join(["%s"] * held)
+            columns.append(
+                f"EXISTS (SELECT 1 FROM {n} u WHERE u.subscriber IN ({names}) "
+                "AND u.aggregate_type = e.aggregate_type "
+                "AND u.aggregate_id = e.aggregate_id "
+                f"AND u.state IN ({self.unfinished}){self.probe_fence}) AS held"
+            )
+        where = [
+            self._in_tick(walk),
+            "e.fanned_out IS NULL",
+            "e.event_type IS NOT NULL",
+        ]
+        if type_count is not None:
+            where.append(f"e.event_type IN ({', '.join(['%s'] * type_count)})")
+        if partitioned:
+            where.append(f"{self.partition_hash('e')} %% %s = %s")
+        where.append("e.position > %s")
+        # Sorted, a tick's events are found by the index of the tick's
+        # condition and sorted (the ordering is an expression, so the planner
+        # never walks the position index instead, through every event older
+        # than the tick); walking, by the position index.
+        order = "e.position" if walk else "e.position + 0"
+        candidates = (
+            f"SELECT {', '.join(columns)} FROM {e} e WHERE {' AND '.join(where)} "
+            f"ORDER BY {order} LIMIT %s"
+        )
+        budget = (
+            "SELECT k.*, SUM(k.payload_bytes) OVER (ORDER BY k.position "
+            "ROWS UNBOUNDED PRECEDING) AS running, ROW_NUMBER() OVER "
+            "(ORDER BY k.position) AS n, COUNT(*) OVER () AS candidates "
+            f"FROM ({candidates}) k"
+        )
+        names = ["position", *EVENT_COLUMNS] + (["held"] if held is not None else [])
+        within = (
+            f"SELECT {', '.join(f'w.{c}' for c in names)}, w.candidates "
+            f"FROM ({budget}) w WHERE w.running <= %s OR w.n <= 1"
+        )
+        tick, _ = self._tick()
+        return (
+            f"{tick}SELECT {self._tick_value()}, b.* FROM (SELECT 1 AS one) one "
+            f"LEFT JOIN ({within}) b ON 1 = 1 ORDER BY b.position"
+        )
+
+    def partition_hash(self, alias: str) -> str:
+        """SQL for a non-negative hash of an event's (``alias``) aggregate
+        (its id where it has none): an event's partition is this hash modulo
+        the partitions, so an aggregate's events share one."""
+        raise NotImplementedError
+
+    def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
+        """Where a new cursor starts: ``(tick, position)`` of the events
+        committed from now on, or with ``earliest`` of every event kept."""
+        raise NotImplementedError
+
+    @functools.cached_property
+    def take_cursor(self) -> str:
+        """Lease a cursor that is free or whose lease ran out and read its
+        state. Parameters: the lease token, the worker, the lease's expiry,
+        now; the subscriber, the partitions, the partition; now. Returns
+        ``id, tick, next_tick, position`` (no row: another relay holds it)."""
+        return (
+            f"UPDATE {self.c} SET lease_token = %s, locked_by = %s, "
+            "locked_until = %s, updated_at = %s WHERE subscriber = %s "
+            "AND partitions = %s AND partition = %s AND (lease_token IS NULL "
+            "OR locked_until IS NULL OR locked_until <= %s) "
+            "RETURNING id, tick, next_tick, position"
+        )
+
+    @functools.cached_property
+    def advance_cursor(self) -> str:
+        """Write a cursor's state and extend its lease, fenced by the lease
+        token. Parameters: tick, next tick, position, the lease's expiry,
+        when a tick was read to its end (NULL: none was), now; the id, the
+        token."""
+        return (
+            f"UPDATE {self.c} SET tick = %s, next_tick = %s, position = %s, "
+            "locked_until = %s, ticked_at = COALESCE(%s, ticked_at), "
+            "updated_at = %s WHERE id = %s AND lease_token = %s"
+        )
+
+    @functools.cached_property
+    def release_cursor(self) -> str:
+        """Hand a cursor back with its state, fenced by the lease token.
+        Parameters: tick, next tick, position, when a tick was read to its
+        end (NULL: none was), now; the id, the token."""
+        return (
+            f"UPDATE {self.c} SET tick = %s, next_tick = %s, position = %s, "
+            "lease_token = NULL, locked_by = '', locked_until = NULL, "
+            "ticked_at = COALESCE(%s, ticked_at), updated_at = %s "
+            "WHERE id = %s AND lease_token = %s"
+        )
+
+    #: What a diverted delivery row sets besides the event's copied columns,
+    #: in the parameters' order (see :meth:`divert`).
+    DIVERTED = (
+        "subscriber",
+        "state",
+        "attempts",
+        "next_retry_at",
+        "locked_until",
+        "locked_by",
+        "lease_token",
+        "last_error",
+        "last_error_type",
+        "last_traceback",
+        "first_failed_at",
+        "completed_at",
+        "created_at",
+        "updated_at",
+    )
+
+    @functools.cache  # noqa: B019
+    def divert(self, returning: bool) -> str:
+        """Insert the delivery row of one event stream delivery passes without
+        delivering it (the ``divert`` transition): the event's
+        :data:`COPIED_COLUMNS`, then :data:`DIVERTED` (parameters, in that
+        order), every other column at its model field's default; an existing
+        ``(event, subscriber)`` row is left alone. The last parameter: the
+        event's id. ``returning``: the new row's id comes back."""
+        row = {
+            ("event_id" if name == "id" else name): f"b.{name}"
+            for name in COPIED_COLUMNS
+        }
+        row.update((name, "%s") for name in self.DIVERTED)
+        delivery = apps.get_model("outbox_app", "Delivery")
+        for field in delivery._meta.concrete_fields:
+            if not field.primary_key and field.attname not in row:
+                row[field.attname] = _literal(field.get_default())
+        columns = ", ".join(delivery._meta.get_field(name).column for name in row)
+        prefix, suffix = self.insert_ignore
+        return (
+            f"{prefix} {self.n} ({columns}) SELECT {', '.join(row.values())} "
+            f"FROM {self.e} b WHERE b.id = %s{suffix}"
+            + (" RETURNING id" if returning else "")
         )

@@ -35,9 +35,13 @@ class MySQLDialect(Dialect):
     def json_bytes(self, column: str) -> str:
         return f"COALESCE(LENGTH({column}), 0)"
 
-    def filtered_index(self, index) -> models.Index:
+    def filtered_index(self, index) -> models.Index | None:
         """No partial indexes (Django would drop the condition): a composite
-        index led by the columns the condition tests (``fallback_prefix``)."""
+        index led by the columns the condition tests (``fallback_prefix``),
+        or none where the index serves only what this database does not do
+        (``fallback_prefix`` None: stream delivery's)."""
+        if index.fallback_prefix is None:
+            return None
         return models.Index(
             fields=[*index.fallback_prefix, *index.fields], name=index.name
         )

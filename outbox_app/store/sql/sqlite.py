@@ -15,6 +15,7 @@ from .base import CLAIM_ASSIGN, PRIMARY_KEY, Dialect
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     single_writer = True
+    stream = "position"
 
     def __init__(self, alias: str):
         super().__init__(alias)
@@ -83,3 +84,21 @@ class SQLiteDialect(Dialect):
             "RETURNING id"
         )
         return claim, self.read_claimed
+
+    # -- stream delivery: one writer at a time numbers positions in commit
+    # -- order, so a cursor is the last position read
+
+    def _in_tick(self, walk: bool) -> str:
+        return "1 = 1"
+
+    def partition_hash(self, alias: str) -> str:
+        """One relay per database file: one partition (the check refuses
+        more), so every event hashes to 0."""
+        return "0"
+
+    def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
+        if earliest:
+            return None, 0
+        with connections[using].cursor() as cursor:
+            cursor.execute(f"SELECT COALESCE(MAX(position), 0) FROM {self.e}")
+            return None, cursor.fetchone()[0]

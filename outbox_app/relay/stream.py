@@ -1,0 +1,676 @@
+"""Stream delivery: each subscriber reads the outbox through its cursors.
+
+A cursor (:class:`~outbox_app.store.models.Cursor`) is one subscriber's place
+in the outbox, one per partition of its events (a hash of the aggregate), held
+by one relay at a time through a lease fenced by its token. A relay reads a
+batch from a cursor it holds (:meth:`StreamBatch.read`: on PostgreSQL the
+events whose transaction committed in the tick being read, in position order;
+on SQLite the events after the last position read), delivers it, and moves
+the cursor past it once it is delivered: for handlers in the transaction of
+their writes, so a handler that only writes to the database takes effect
+exactly once; for brokers once the broker confirmed. A subscriber that is up
+to date writes one cursor row a batch and nothing per event.
+
+What a batch does not deliver becomes a delivery row, written in the same
+transaction that moves the cursor past it (the lifecycle's ``divert``): a
+failed first attempt (FAILED, due after the backoff; DEAD when it was the
+last or is never retried), an event whose ``expires_at`` passed (SKIPPED), an
+event due later (PENDING, due at its ``deliver_at``), an event of a type this
+relay's subscriber does not receive but a relay of another version does
+(PENDING), and, for an ordered subscriber, an event of an aggregate that has
+an unfinished row (PENDING behind it). Those rows are claimed, retried,
+dead-lettered and requeued like every delivery row
+(:mod:`~outbox_app.relay.batch`); an ordered subscriber's aggregate flows
+from the stream again once its rows are finished.
+
+A relay keeps the cursors it holds across its turns (:class:`Cursors`, in the
+loop's :class:`~outbox_app.relay.loop.SubscriptionView`) and hands them back
+when it stops. A paused subscriber's cursor does not move: its relay reads
+nothing for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, transaction
+
+from ..conf import outbox_settings
+from ..exceptions import LeaseLost
+from ..execution.run import recorded_error
+from ..store.clock import database_now
+from ..store.gateway import Diverted, Gateway, Reading, Stream, streaming
+from ..store.gateway import partitions as stream_partitions
+from ..store.lifecycle import State
+from ..store.models import Cursor
+from ..subscribers import DeliveryContext, Subscriber
+from .outcomes import LAPSED_ERROR, LAPSED_ERROR_TYPE, Outcomes, RelayReport
+
+logger = logging.getLogger("outbox_app.relay")
+
+__all__ = ["Cursors", "Hold", "StreamBatch", "streaming"]
+
+#: How often a relay tries again to take the cursors of a subscriber that
+#: other relays hold, in seconds.
+TAKE_RETRY_SECONDS = 1.0
+
+
+@dataclass
+class Hold:
+    """A cursor this relay holds.
+
+    Attributes:
+        cursor_id: its row.
+        partition, partitions: which slice of its subscriber's events.
+        token: the lease token every move is fenced by.
+        reading: where it reads next: what is delivered, ahead of the row.
+        written: the reading as the row has it.
+        renewed: ``time.monotonic()`` when the lease was last written.
+        walk: the tick being read is large: read on by position.
+        ticked: a tick was read to its end since the row was last written.
+        lost: the lease passed to another relay; nothing more is written.
+    """
+
+    cursor_id: int
+    subscriber: str
+    partition: int
+    partitions: int
+    token: uuid.UUID
+    reading: Reading
+    written: Reading
+    renewed: float
+    walk: bool = False
+    ticked: bool = False
+    lost: bool = False
+
+    def lease_is_young(self) -> bool:
+        """Less than a tenth of the lease has passed since it was written."""
+        return time.monotonic() - self.renewed <= outbox_settings.LEASE_SECONDS / 10
+
+    def lease_may_have_run_out(self) -> bool:
+        return time.monotonic() - self.renewed >= outbox_settings.LEASE_SECONDS
+
+
+class Cursors:
+    """The cursors one relay holds on database ``using``, by subscriber name;
+    a running relay keeps them across its turns.
+
+    Args:
+        using: database alias.
+        worker: the lease holder's name.
+    """
+
+    def __init__(self, using: str, worker: str):
+        self.using = using
+        self.worker = worker
+        self.stream = Stream(using)
+        self.holds: dict[str, list[Hold]] = {}
+        self._tried: dict[str, float] = {}
+
+    def of(self, subscriber: Subscriber, now: datetime.datetime) -> list[Hold]:
+        """The cursors of ``subscriber`` this relay holds, taking those that
+        are free (at most once every :data:`TAKE_RETRY_SECONDS` while other
+        relays hold them) and creating them where none exists yet. A lease
+        older than half of ``OUTBOX_LEASE_SECONDS`` is renewed (writing the
+        reading kept ahead of the row)."""
+        name = subscriber.name
+        partitions = stream_partitions(subscriber, self.using)
+        holds = [
+            h
+            for h in self.holds.get(name, [])
+            if not h.lost and h.partitions == partitions
+        ]
+        for hold in holds:
+            if time.monotonic() - hold.renewed >= outbox_settings.LEASE_SECONDS / 2:
+                self.write(hold, now)
+        holds = [h for h in holds if not h.lost]
+        missing = sorted(set(range(partitions)) - {h.partition for h in holds})
+        clock = time.monotonic()
+        if missing and clock - self._tried.get(name, -TAKE_RETRY_SECONDS) >= (
+            TAKE_RETRY_SECONDS
+        ):
+            self._tried[name] = clock
+            taken = self._take(name, partitions, missing, now)
+            if len(taken) < len(missing):
+                created = Cursor.objects.using(self.using).ensure(
+                    [subscriber], partitions=partitions
+                )
+                if created:
+                    taken += self._take(
+                        name,
+                        partitions,
+                        sorted(set(missing) - {h.partition for h in taken}),
+                        now,
+                    )
+            holds += taken
+            holds.sort(key=lambda h: h.partition)
+        self.holds[name] = holds
+        return holds
+
+    def _take(
+        self, name: str, partitions: int, wanted: list[int], now: datetime.datetime
+    ) -> list[Hold]:
+        taken = []
+        for partition in wanted:
+            token = uuid.uuid4()
+            found = self.stream.take(
+                name,
+                partitions,
+                partition,
+                token=token,
+                worker=self.worker,
+                expiry=_expiry(now),
+                now=now,
+            )
+            if found is not None:
+                cursor_id, reading = found
+                taken.append(
+                    Hold(
+                        cursor_id,
+                        name,
+                        partition,
+                        partitions,
+                        token,
+                        reading,
+                        reading,
+                        time.monotonic(),
+                    )
+                )
+        return taken
+
+    def write(self, hold: Hold, now: datetime.datetime) -> bool:
+        """Write ``hold``'s reading and renew its lease; False (and the hold
+        dropped) when the lease was lost."""
+        if hold.lost:
+            return False
+        renewed = time.monotonic()
+        moved = self.stream.move(
+            hold.cursor_id,
+            hold.token,
+            hold.reading,
+            expiry=_expiry(now),
+            now=now,
+            ticked=hold.ticked,
+        )
+        if moved:
+            hold.written, hold.renewed, hold.ticked = hold.reading, renewed, False
+        else:
+            hold.lost = True
+        return moved
+
+    def release(self) -> None:
+        """Hand every cursor back with its reading (a relay stopping, a
+        Celery task done), so another relay takes it at once; best effort: a
+        cursor that cannot be written is taken over once its lease runs
+        out."""
+        now = database_now(self.using)
+        for holds in self.holds.values():
+            for hold in holds:
+                if hold.lost:
+                    continue
+                try:
+                    self.stream.release(
+                        hold.cursor_id,
+                        hold.token,
+                        hold.reading,
+                        now=now,
+                        ticked=hold.ticked,
+                    )
+                except DatabaseError:
+                    logger.warning(
+                        "%s: could not hand back cursor %s",
+                        hold.subscriber,
+                        hold.cursor_id,
+                        exc_info=True,
+                    )
+        self.holds.clear()
+
+
+def _expiry(now: datetime.datetime) -> datetime.datetime:
+    return now + datetime.timedelta(seconds=outbox_settings.LEASE_SECONDS)
+
+
+@dataclass
+class _Aside:
+    """An event of a batch that is not delivered now, and its row."""
+
+    position: int
+    context: DeliveryContext
+    row: Diverted
+    written: bool = False
+
+
+@dataclass
+class StreamBatch:
+    """One batch read from a cursor: the events to deliver now
+    (``contexts``, in position order) and those set aside as delivery rows.
+
+    Attributes:
+        subscriber: whose cursor it is.
+        hold: the cursor.
+        tick: the tick read (PostgreSQL), kept as the cursor's next tick.
+        contexts: the events to deliver now.
+        aside: the events passed without delivering them, each with its row.
+        last: the last position read (the cursor moves past it once every
+            event of the batch is delivered or set aside).
+        more: events may follow in the same tick.
+        now: the read's clock; :meth:`clock` moves it on.
+        held: the aggregates of an ordered subscriber set aside in this batch
+            (their later events in it wait behind them too).
+    """
+
+    subscriber: Subscriber
+    hold: Hold
+    cursors: Cursors
+    tick: str | None
+    contexts: list[DeliveryContext]
+    aside: list[_Aside]
+    last: int
+    more: bool
+    now: datetime.datetime
+    started: float
+    held: set[tuple[str, str]] = field(default_factory=set)
+    fanned_out: int = 0
+    payload_bytes: int = 0
+
+    @classmethod
+    def read(
+        cls,
+        subscriber: Subscriber,
+        hold: Hold,
+        cursors: Cursors,
+        batch_size: int,
+        now: datetime.datetime | None,
+        event_types: frozenset[str] | None,
+    ) -> StreamBatch:
+        """Read the next batch of ``hold`` for ``subscriber``: up to
+        ``batch_size`` events of ``event_types`` (those some active
+        subscription of the subscriber receives, whichever relay recorded
+        it; None: every type) whose payloads add up to at most
+        ``OUTBOX_BATCH_BYTES``. Sets aside, as rows, what is not delivered
+        now (see the module docstring)."""
+        started = time.monotonic()
+        using = cursors.using
+        now = now or database_now(using)
+        found = cursors.stream.read(
+            subscriber.name,
+            hold.reading,
+            event_types=event_types,
+            partitions=hold.partitions,
+            partition=hold.partition,
+            held=subscriber.stored_names if subscriber.ordered else None,
+            limit=batch_size,
+            max_bytes=outbox_settings.BATCH_BYTES,
+            walk=hold.walk,
+        )
+        batch = cls(
+            subscriber,
+            hold,
+            cursors,
+            found.tick,
+            [],
+            [],
+            hold.reading.position,
+            found.more,
+            now,
+            started,
+        )
+        if found.more and hold.reading.next_tick is None:
+            # A large tick: its first batch came sorted from the transaction
+            # id index; the rest is read on in position order.
+            hold.walk = True
+        for streamed in found.events:
+            batch._take(streamed.context, streamed.held)
+        batch.payload_bytes = sum(c.payload_bytes for c in batch.contexts)
+        return batch
+
+    def _take(self, context: DeliveryContext, held: bool) -> None:
+        position = context.position
+        assert position is not None
+        self.last = position
+        aggregate = (
+            None
+            if context.aggregate_type is None or context.aggregate_id is None
+            else (context.aggregate_type, context.aggregate_id)
+        )
+        ordered = self.subscriber.ordered and aggregate is not None
+        if context.expires_at is not None and context.expires_at <= self.now:
+            self._set_aside(
+                context,
+                Diverted(
+                    context.event_id,
+                    State.SKIPPED,
+                    0,
+                    self.now,
+                    last_error=LAPSED_ERROR,
+                    last_error_type=LAPSED_ERROR_TYPE,
+                    completed_at=self.now,
+                ),
+            )
+            return
+        waits = ordered and (held or aggregate in self.held)
+        if not self.subscriber.receives(context.event_type) or waits:
+            # Another version's subscriber receives it, or it waits behind
+            # its aggregate's unfinished row: a row due now.
+            self._hold(context, self.now, aggregate if ordered else None)
+        elif context.deliver_at is not None and context.deliver_at > self.now:
+            self._hold(context, context.deliver_at, aggregate if ordered else None)
+        else:
+            self.contexts.append(context)
+
+    def _hold(self, context, due, aggregate) -> None:
+        self._set_aside(context, Diverted(context.event_id, State.PENDING, 0, due))
+        if aggregate is not None:
+            self.held.add(aggregate)
+
+    def _set_aside(self, context: DeliveryContext, row: Diverted) -> None:
+        assert context.position is not None
+        self.aside.append(_Aside(context.position, context, row))
+
+    # --- the batch protocol the runners use (as relay.batch.Batch) -------------
+
+    @property
+    def gateway(self) -> Gateway:
+        return Gateway(self.cursors.using)
+
+    def outcomes(self, report: RelayReport) -> Outcomes:
+        """Where this batch's outcomes are counted and logged (the rows it
+        writes are fenced by the cursor's lease, not a row's)."""
+        return Outcomes(self.gateway, self.subscriber, None, report)
+
+    def __len__(self) -> int:
+        return len(self.contexts) + len(self.aside)
+
+    def near_budget(self) -> bool:
+        return False
+
+    def take_lapsed(self) -> list[DeliveryContext]:
+        return []
+
+    def clock(self) -> datetime.datetime:
+        return self.now + datetime.timedelta(seconds=time.monotonic() - self.started)
+
+    def lease_may_have_run_out(self) -> bool:
+        return self.hold.lease_may_have_run_out()
+
+    def keep(self, contexts: Sequence[DeliveryContext]) -> list[DeliveryContext]:
+        """``contexts`` while this relay holds the cursor (its lease renewed
+        once a tenth of it has passed); none once the lease was lost."""
+        if self.hold.lost:
+            return []
+        if self.hold.lease_is_young() or not contexts:
+            return list(contexts)
+        return list(contexts) if self.cursors.write(self.hold, self.clock()) else []
+
+    def release(self) -> RelayReport:
+        """Nothing to hand back: the cursor moved past what was delivered."""
+        return RelayReport(claimed=len(self))
+
+    def settlement(self, outcomes: Outcomes) -> StreamSettlement:
+        return StreamSettlement(self, outcomes)
+
+    def aside_waiting(self) -> bool:
+        return any(not a.written for a in self.aside)
+
+
+class StreamSettlement:
+    """Writes what happened to a :class:`StreamBatch`: the rows of the events
+    passed without delivery and the cursor's move past them, in one
+    transaction fenced by the cursor's lease, and counts and logs it in
+    ``outcomes`` (its report and metrics). The runners call the same methods
+    of a row batch's settlement (:class:`~outbox_app.relay.batch.RowSettlement`).
+    """
+
+    def __init__(self, batch: StreamBatch, outcomes: Outcomes):
+        self.batch = batch
+        self.outcomes = outcomes
+        self.stream = batch.cursors.stream
+        self.deferred_token = uuid.uuid4()
+        self.ended = False
+        # What a move inside a caller's transaction changed, to undo when
+        # that transaction does not commit.
+        self._undo: tuple | None = None
+
+    def skip(self, context: DeliveryContext) -> bool:
+        """Whether ``context`` waits behind an earlier event of its aggregate
+        set aside in this batch (an ordered subscriber): it is set aside too,
+        PENDING, due now."""
+        batch = self.batch
+        if not batch.subscriber.ordered or context.aggregate_id is None:
+            return False
+        aggregate = (context.aggregate_type, context.aggregate_id)
+        if aggregate not in batch.held:
+            return False
+        batch._hold(context, batch.clock(), aggregate)
+        return True
+
+    def group(
+        self,
+        succeeded: list[DeliveryContext],
+        failures: list,
+        deferred: list[DeliveryContext],
+        last: DeliveryContext | None,
+        *,
+        inside: bool,
+        fence_deferred: bool = False,
+        end: bool = False,
+    ) -> tuple[list, list[DeliveryContext]]:
+        """A handler group's outcome: the rows of its failures and of its
+        handlers with callbacks (RUNNING under :attr:`deferred_token`), and
+        the cursor moved past ``last`` (``end``: past the batch), in its
+        transaction when ``inside``, else in one of its own; its successes
+        counted. Returns the failures written and the deferred contexts with
+        their rows' ids.
+
+        Raises:
+            LeaseLost: the cursor passed to another relay (the caller rolls
+                the group back).
+        """
+        upto = self.batch.last if end or last is None else last.position
+        written, later = self.settle(upto, failures, deferred, end=end, inside=inside)
+        self.outcomes.delivered(succeeded, self.batch.clock())
+        return written, later
+
+    def recorded(self, failures) -> None:
+        """Count and log ``failures`` as :meth:`settle` wrote them."""
+        for context, error, retry_at, error_type in failures:
+            self.outcomes.failure(context, error, retry_at, error_type)
+
+    def abandoned(self, failures) -> None:
+        """The group's transaction is gone, and with it its rows and the
+        cursor's move: the cursor is where it was, its events are read
+        again."""
+        if self._undo is not None:
+            hold = self.batch.hold
+            hold.reading, hold.written, hold.ticked, aside = self._undo
+            for a in aside:
+                a.written = False
+            self._undo = None
+
+    def lost(self, held: list[DeliveryContext]) -> None:
+        """A group rolled back because the cursor's lease was lost: the
+        relay that holds it now delivers them."""
+        self.batch.hold.lost = True
+        self.outcomes.lost(len(held), "ran in a rolled-back group")
+
+    def stopped(self, waiting: list[DeliveryContext]) -> None:
+        """The relay stops: the cursor stays before the events not attempted
+        yet."""
+        self.ended = True
+
+    def finish(self) -> None:
+        """Move the cursor past the whole batch, writing the rows of the
+        events set aside, if no group did (a batch with nothing to deliver
+        now, or whose last event was set aside)."""
+        batch = self.batch
+        if self.ended or batch.hold.lost:
+            return
+        if batch.hold.reading.position == batch.last and not batch.aside_waiting():
+            if not batch.more and batch.tick is not None:
+                # Nothing left in the tick: the next read takes a new one
+                # (the row is written with the next move, or the lease).
+                batch.hold.reading = Reading(batch.tick, None, 0)
+                batch.hold.ticked = True
+                batch.hold.walk = False
+            return
+        self.settle(batch.last, [], [], end=True)
+
+    def deferred_outcomes(self) -> Outcomes:
+        """The outcomes of the RUNNING rows written for handlers whose
+        callbacks run after the commit (fenced by their own lease token)."""
+        return Outcomes(
+            self.outcomes.gateway,
+            self.outcomes.subscriber,
+            self.deferred_token,
+            self.outcomes.report,
+        )
+
+    def sent(
+        self,
+        delivered: list[DeliveryContext],
+        outages: list[DeliveryContext],
+        failures: list,
+        mark,
+    ) -> None:
+        """A publisher's send of this batch came back: the cursor moves past
+        it, with the rows of its failures, or, when the destination was
+        unreachable for some (``outages``), only up to the first of them
+        (what follows is sent again once it is back)."""
+        if not (delivered or outages or failures):
+            self.finish()
+            return
+        if outages:
+            stop = min(c.position for c in outages)
+            upto = max(
+                [self.batch.hold.reading.position]
+                + [p for p in self._positions() if p < stop]
+            )
+            failures = [f for f in failures if f[0].position < stop]
+            delivered = [c for c in delivered if c.position < stop]
+            written, _ = self.settle(upto, failures, [], end=False)
+        else:
+            written, _ = self.settle(self.batch.last, failures, [], end=True)
+        self.outcomes.delivered(delivered, self.batch.clock())
+        self.recorded(written)
+
+    def _positions(self) -> list[int]:
+        batch = self.batch
+        return [c.position for c in batch.contexts] + [a.position for a in batch.aside]
+
+    def settle(
+        self,
+        upto: int,
+        failures: list,
+        deferred: list[DeliveryContext],
+        *,
+        end: bool,
+        inside: bool = False,
+    ) -> tuple[list, list[DeliveryContext]]:
+        """Write the rows of ``failures`` (``(context, error, retry_at)``:
+        FAILED due then, DEAD when None), of ``deferred`` (RUNNING, leased
+        under :attr:`deferred_token`) and of the events set aside up to
+        position ``upto``, and move the cursor past ``upto`` (``end``: past
+        the whole batch, which finishes its tick when nothing follows in
+        it): in the caller's transaction when ``inside``, else in one
+        transaction of its own.
+
+        Returns:
+            The failures as written (each with its row's id and the error
+            type recorded) and the deferred contexts with their rows' ids.
+
+        Raises:
+            LeaseLost: the cursor passed to another relay (nothing may
+                commit).
+        """
+        batch, hold = self.batch, self.batch.hold
+        if hold.lost:
+            raise LeaseLost("the cursor's lease passed to another relay")
+        now = batch.clock()
+        expiry = _expiry(now)
+        rows = [_failed(batch, c, e, r, now) for c, e, r in failures]
+        aside = [a for a in batch.aside if not a.written and a.position <= upto]
+        leased = [
+            Diverted(
+                c.event_id,
+                State.RUNNING,
+                1,
+                expiry,
+                locked_until=expiry,
+                locked_by=batch.cursors.worker,
+                lease_token=self.deferred_token,
+            )
+            for c in deferred
+        ]
+        finished = end and not batch.more
+        if batch.tick is None:  # a position alone
+            reading = Reading(None, None, upto)
+        elif finished:
+            reading = Reading(batch.tick, None, 0)
+        else:
+            reading = Reading(hold.reading.tick, batch.tick, upto)
+        name = batch.subscriber.name
+        self._undo = (hold.reading, hold.written, hold.ticked, aside)
+        try:
+            with transaction.atomic(using=batch.cursors.using, savepoint=not inside):
+                failed_ids = self.stream.divert(name, rows, now, returning=True)
+                self.stream.divert(name, [a.row for a in aside], now)
+                leased_ids = self.stream.divert(name, leased, now, returning=True)
+                hold.reading = reading
+                hold.ticked = hold.ticked or finished
+                if not batch.cursors.write(hold, now):
+                    raise LeaseLost("the cursor's lease passed to another relay")
+        except BaseException:
+            self.abandoned([])
+            raise
+        for a in aside:
+            a.written = True
+        if not inside:
+            self._undo = None
+        if finished:
+            hold.walk = False
+        if end:
+            self.ended = True
+        self.outcomes.skipped(sum(1 for a in aside if a.row.state == State.SKIPPED))
+        written = [
+            (dataclasses.replace(c, delivery_id=i), e, r, row.last_error_type)
+            for (c, e, r), i, row in zip(failures, failed_ids, rows, strict=True)
+        ]
+        later = [
+            dataclasses.replace(c, delivery_id=i)
+            for c, i in zip(deferred, leased_ids, strict=True)
+            if i is not None
+        ]
+        return written, later
+
+
+def _failed(
+    batch: StreamBatch,
+    context: DeliveryContext,
+    error: BaseException,
+    retry_at: datetime.datetime | None,
+    now: datetime.datetime,
+) -> Diverted:
+    """The row of a failed first attempt: FAILED due at ``retry_at``, or DEAD
+    when it is None; an ordered subscriber's later events of its aggregate
+    in the batch wait behind it."""
+    message, error_type, text = recorded_error(error)
+    if batch.subscriber.ordered and context.aggregate_id is not None:
+        batch.held.add((context.aggregate_type, context.aggregate_id))
+    dead = retry_at is None
+    return Diverted(
+        context.event_id,
+        State.DEAD if dead else State.FAILED,
+        context.attempt,
+        now if dead else retry_at,
+        last_error=message,
+        last_error_type=error_type,
+        last_traceback=text,
+        first_failed_at=now,
+        completed_at=now if dead else None,
+    )
