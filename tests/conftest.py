@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from outbox_app.publishing.outbox import events_committed
@@ -167,6 +168,15 @@ def _takes_part(item, vendor: str, everything: bool) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def _engine(request):
+    """A test marked ``engine("rows")`` (or ``"stream"``) runs on that
+    delivery engine, whatever the suite's (``OUTBOX_TEST_ENGINE``)."""
+    mark = request.node.get_closest_marker("engine")
+    if mark is not None:
+        request.getfixturevalue("settings").OUTBOX_ENGINE = mark.args[0]
+
+
+@pytest.fixture(autouse=True)
 def _no_pauses_across_tests():
     """Publishers paused by one test's outage are not paused in the next."""
     from outbox_app.relay.sending import pauses
@@ -198,14 +208,41 @@ def record_subscribers(request, names) -> None:
     ``outbox_subscribers --record``) records new code's subscribers: their
     stream delivery starts now, before the test publishes. Only in a test
     that uses the database."""
-    if request.node.get_closest_marker("django_db") is None:
+    mark = request.node.get_closest_marker("django_db")
+    if mark is None:
         return
+    from django.conf import settings
+
     from outbox_app.events.ids import worker_name
     from outbox_app.relay import registry
     from outbox_app.store.models import Subscription
 
-    found = [s for s in registry.subscribers() if s.name in set(names)]
-    Subscription.objects.record(found, worker_name(), heartbeat=False)
+    try:
+        known = registry.subscribers()
+    except ImproperlyConfigured:  # a test of a malformed configuration
+        return
+    found = [s for s in known if s.name in set(names)]
+    aliases = mark.kwargs.get("databases") or ["default"]
+    if aliases == "__all__":
+        aliases = list(settings.DATABASES)
+    for alias in aliases:
+        Subscription.objects.using(alias).record(found, worker_name(), heartbeat=False)
+
+
+@pytest.fixture(autouse=True)
+def _record_configured_publishers(request):
+    """A test that configures ``OUTBOX_PUBLISHERS`` (the ``settings``
+    fixture) has them recorded as a deploy's ``migrate`` records a new
+    configuration's, before it publishes (tests that use the database)."""
+    from django.core.signals import setting_changed
+
+    def changed(setting, enter, **kwargs):
+        if setting == "OUTBOX_PUBLISHERS" and enter:
+            record_subscribers(request, list(kwargs["value"] or {}))
+
+    setting_changed.connect(changed)
+    yield
+    setting_changed.disconnect(changed)
 
 
 @pytest.fixture

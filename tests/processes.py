@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,8 @@ def spawn(
         **os.environ,
         "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
+        # The engine this test runs on (an engine mark overrides the suite's).
+        "OUTBOX_TEST_ENGINE": settings.OUTBOX_ENGINE or "",
         **env,
     }
     command = [sys.executable, *args]

@@ -146,6 +146,22 @@ class Migration(migrations.Migration):
                         null=True,
                     ),
                 ),
+                (
+                    "first_tick",
+                    models.TextField(
+                        blank=True,
+                        help_text="Where it started (PostgreSQL: a snapshot): the events visible there were never its to deliver.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "first_position",
+                    models.BigIntegerField(
+                        blank=True,
+                        help_text="Where it started (SQLite): the last position before it.",
+                        null=True,
+                    ),
+                ),
                 ("lease_token", models.UUIDField(blank=True, null=True)),
                 (
                     "locked_by",

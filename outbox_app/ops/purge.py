@@ -64,6 +64,7 @@ from ..store.clock import database_now
 from ..store.lifecycle import FINISHED, InboxState
 from ..store.models import Delivery, InboxMessage, OutboxEvent
 from ..store.querysets import keyset_pages
+from ..store.sql import dialect
 
 DEFAULT_BATCH_SIZE = 1000
 #: After each batch, sleep this many times as long as the batch took.
@@ -160,9 +161,15 @@ def purgeable(
         | Q(completed_at__isnull=True)
         | Q(completed_at__gte=cutoff)
     )
+    events = _old_events(cutoff, using).filter(~Exists(keeps_event))
+    d = dialect(using)
+    if d.stream is not None:
+        # Stream delivery: a cursor still to read it keeps it too.
+        table = d.quote(OutboxEvent._meta.db_table)
+        events = events.extra(where=[f"NOT {d.awaited(table)}"])
     return Purgeable(
         cutoff=cutoff,
-        events=_old_events(cutoff, using).filter(~Exists(keeps_event)),
+        events=events,
         deliveries=deliveries.filter(finished),
         sentinels=OutboxEvent.objects.using(using)
         .sentinels()
@@ -174,9 +181,12 @@ def purgeable(
 
 
 def _old_events(cutoff: datetime.datetime, using: str) -> QuerySet:
-    """Events fanned out before ``cutoff``, whatever their deliveries."""
+    """Events fanned out (or written for stream delivery) before ``cutoff``,
+    whatever their deliveries."""
     return OutboxEvent.objects.using(using).filter(
-        fanned_out=True, event_type__isnull=False, created_at__lt=cutoff
+        Q(fanned_out=True) | Q(fanned_out__isnull=True),
+        event_type__isnull=False,
+        created_at__lt=cutoff,
     )
 
 

@@ -20,10 +20,11 @@ from django.db.models import Q, QuerySet
 from ..exceptions import SubscriptionInUse
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import ABANDONABLE, REQUEUEABLE
-from ..store.models import Delivery, OutboxEvent
+from ..store.lifecycle import ABANDONABLE, REQUEUEABLE, State
+from ..store.models import Delivery, OutboxEvent, Subscription
 from ..store.querysets import keyset_pages
 from ..subscribers import WILDCARD
+from . import streams
 
 #: Rows one operation handles per statement.
 DEFAULT_BATCH_SIZE = 1000
@@ -185,8 +186,15 @@ def retire(
                 "has it (or force it)"
             )
         pairs = list(rows.values_list("subscriber", "event_type"))
+        # Stream delivery: what the subscriber's cursors have not read of
+        # those types becomes rows, as it waits (the cursors stop reading
+        # them) or skipped.
+        handed = State.PENDING if waiting == "keep" else State.SKIPPED
+        skipped = 0
+        for name, types in _types_by_subscriber(pairs).items():
+            done = streams.hand_over(name, types, handed, alias)
+            skipped += done if waiting == "skip" else 0
         retired = rows.retire(by[:255])
-    skipped = 0
     if waiting == "skip" and pairs:
         match = Q()
         for name, event_type in pairs:
@@ -195,7 +203,7 @@ def retire(
                 if event_type == WILDCARD
                 else Q(subscriber=name, event_type=event_type)
             )
-        skipped = (
+        skipped += (
             Delivery.objects.using(alias)
             .filter(match)
             .skip(batch_size, states=ABANDONABLE)
@@ -203,10 +211,39 @@ def retire(
     return retired, skipped
 
 
+def _types_by_subscriber(pairs) -> dict[str, set[str] | None]:
+    """``(subscriber, event type)`` pairs as each subscriber's types (None:
+    every type)."""
+    found: dict[str, set[str] | None] = {}
+    for name, event_type in pairs:
+        if event_type == WILDCARD:
+            found[name] = None
+        elif found.setdefault(name, set()) is not None:
+            found[name].add(event_type)
+    return found
+
+
 def reactivate(subscriptions: QuerySet) -> int:
-    """Undo :func:`retire`: fan-out creates deliveries for them again (not
-    for events fanned out meanwhile). Returns rows reactivated."""
-    return subscriptions.reactivate()
+    """Undo :func:`retire`: fan-out creates deliveries for them again, and
+    stream delivery reads their types again (not for events published
+    meanwhile: the cursor of a subscriber that had no active subscription
+    left starts again at the current tick). Returns rows reactivated."""
+    alias = subscriptions.db
+    with transaction.atomic(using=alias):
+        names = set(
+            subscriptions.filter(retired_at__isnull=False).values_list(
+                "subscriber", flat=True
+            )
+        )
+        dormant = names - set(
+            Subscription.objects.using(alias)
+            .active()
+            .filter(subscriber__in=names)
+            .values_list("subscriber", flat=True)
+        )
+        reactivated = subscriptions.reactivate()
+        streams.restart(sorted(dormant), alias)
+    return reactivated
 
 
 def pause(subscriptions: QuerySet, *, by: str) -> int:

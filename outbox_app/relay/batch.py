@@ -222,6 +222,10 @@ class RowSettlement:
         """Rows are claimed in order already: none is set aside."""
         return False
 
+    def hold(self, context: DeliveryContext) -> None:
+        """An ordered subscriber's claim takes one row per aggregate: nothing
+        of its aggregate follows in the batch."""
+
     def group(
         self,
         succeeded: list[DeliveryContext],

@@ -95,18 +95,21 @@ def subscribed_types(
     return None if WILDCARD in types else frozenset(types)
 
 
-def recorded_types(using: str = "default") -> dict[str, frozenset[str] | None]:
-    """The event types each subscriber's active subscriptions receive,
-    whichever relay recorded them (None: every type): what stream delivery
-    reads for it, so an event of a type only another version of the
-    subscriber receives is kept for that version, as fan-out keeps it."""
+def recorded_types(
+    using: str = "default",
+) -> dict[str, frozenset[str] | None]:
+    """The event types each recorded subscriber's active subscriptions
+    receive, whichever relay recorded them (None: every type; an empty set:
+    every subscription of it is retired): what stream delivery reads for
+    it, so an event of a type only another version of the subscriber
+    receives is kept for that version, as fan-out keeps it."""
     found: dict[str, set[str]] = {}
-    for name, event_type in (
-        Subscription.objects.using(using)
-        .active()
-        .values_list("subscriber", "event_type")
+    for name, event_type, retired_at in Subscription.objects.using(using).values_list(
+        "subscriber", "event_type", "retired_at"
     ):
-        found.setdefault(name, set()).add(event_type)
+        types = found.setdefault(name, set())
+        if retired_at is None:
+            types.add(event_type)
     return {
         name: None if WILDCARD in types else frozenset(types)
         for name, types in found.items()

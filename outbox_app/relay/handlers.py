@@ -152,12 +152,14 @@ class _Runner:
                             error, queried, later = execution.run(context)
                         if later:
                             deferred.append((context, later))
+                            self.settle.hold(context)
                         elif error is None:
                             succeeded.append(context)
                         else:
                             failures.append(
                                 (context, error, self._retry_at(context, error))
                             )
+                            self.settle.hold(context)
                         if queried:
                             # Its locks are held until the commit: commit now,
                             # so no lock outlives its handler (two workers'

@@ -106,7 +106,9 @@ class SubscriptionView:
         """The event types stream delivery reads for ``subscriber``: those of
         its active subscriptions, whichever relay recorded them
         (:func:`~outbox_app.relay.fanout.recorded_types`, read at most once
-        a second), and its own."""
+        a second); its own where it was never recorded; none (an empty set:
+        its cursor stays where it is) where every subscription of it is
+        retired."""
         clock = time.monotonic()
         if (
             self._recorded_at is None
@@ -115,12 +117,9 @@ class SubscriptionView:
         ):
             self._recorded = recorded_types(self.using)
             self._recorded_at = clock
-        if subscriber.event_types is None:
-            return None
-        recorded = self._recorded.get(subscriber.name, frozenset())
-        if recorded is None:
-            return None
-        return subscriber.event_types | recorded
+        if subscriber.name not in self._recorded:
+            return subscriber.event_types
+        return self._recorded[subscriber.name]
 
     def cursors(self, worker: str) -> Cursors:
         """The stream cursors this relay holds (kept with the view)."""
@@ -419,6 +418,8 @@ def _stream_turn(
     follow (a batch was cut short by its limit)."""
     more = False
     types = view.stream_types(subscriber)
+    if types is not None and not types:  # retired: its cursor stays
+        return False
     for hold in cursors.of(subscriber, now or database_now(cursors.using)):
         if stop.is_set():
             break

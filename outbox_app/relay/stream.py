@@ -450,6 +450,13 @@ class StreamSettlement:
         batch._hold(context, batch.clock(), aggregate)
         return True
 
+    def hold(self, context: DeliveryContext) -> None:
+        """``context`` failed, or its handler's callbacks run after the
+        commit: for an ordered subscriber, its aggregate's later events in
+        this batch are set aside behind its row."""
+        if self.batch.subscriber.ordered and context.aggregate_id is not None:
+            self.batch.held.add((context.aggregate_type, context.aggregate_id))
+
     def group(
         self,
         succeeded: list[DeliveryContext],
@@ -474,7 +481,7 @@ class StreamSettlement:
         """
         upto = self.batch.last if end or last is None else last.position
         written, later = self.settle(upto, failures, deferred, end=end, inside=inside)
-        self.outcomes.delivered(succeeded, self.batch.clock())
+        self.outcomes.delivered(succeeded, self.outcomes.now())
         return written, later
 
     def recorded(self, failures) -> None:
@@ -556,7 +563,7 @@ class StreamSettlement:
             written, _ = self.settle(upto, failures, [], end=False)
         else:
             written, _ = self.settle(self.batch.last, failures, [], end=True)
-        self.outcomes.delivered(delivered, self.batch.clock())
+        self.outcomes.delivered(delivered, self.outcomes.now())
         self.recorded(written)
 
     def _positions(self) -> list[int]:
@@ -591,9 +598,11 @@ class StreamSettlement:
         batch, hold = self.batch, self.batch.hold
         if hold.lost:
             raise LeaseLost("the cursor's lease passed to another relay")
-        now = batch.clock()
+        # The lease follows the batch's clock (a test's, or the database's);
+        # the rows are stamped with the database's.
+        now, stamp = batch.clock(), self.outcomes.now()
         expiry = _expiry(now)
-        rows = [_failed(batch, c, e, r, now) for c, e, r in failures]
+        rows = [_failed(batch, c, e, r, stamp) for c, e, r in failures]
         aside = [a for a in batch.aside if not a.written and a.position <= upto]
         leased = [
             Diverted(
@@ -618,9 +627,9 @@ class StreamSettlement:
         self._undo = (hold.reading, hold.written, hold.ticked, aside)
         try:
             with transaction.atomic(using=batch.cursors.using, savepoint=not inside):
-                failed_ids = self.stream.divert(name, rows, now, returning=True)
-                self.stream.divert(name, [a.row for a in aside], now)
-                leased_ids = self.stream.divert(name, leased, now, returning=True)
+                failed_ids = self.stream.divert(name, rows, stamp, returning=True)
+                self.stream.divert(name, [a.row for a in aside], stamp)
+                leased_ids = self.stream.divert(name, leased, stamp, returning=True)
                 hold.reading = reading
                 hold.ticked = hold.ticked or finished
                 if not batch.cursors.write(hold, now):

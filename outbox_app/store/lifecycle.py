@@ -159,6 +159,16 @@ DELIVERY: tuple[Transition, ...] = (
         "due yet is left to its time)",
     ),
     Transition(
+        "hand_over",
+        (),
+        (P, K),
+        "retire",
+        "a subscription is retired while its subscriber's cursor has not read "
+        "all of its events: those become rows, PENDING with --waiting keep "
+        "(relays that have the subscriber deliver them), SKIPPED with "
+        "--waiting skip",
+    ),
+    Transition(
         "abandon",
         (P, F, D),
         (K,),

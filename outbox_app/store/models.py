@@ -457,6 +457,19 @@ class Cursor(models.Model):
             "being read; empty: none yet)."
         ),
     )
+    first_tick = models.TextField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Where it started (PostgreSQL: a snapshot): the events visible "
+            "there were never its to deliver."
+        ),
+    )
+    first_position = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=_("Where it started (SQLite): the last position before it."),
+    )
     lease_token = models.UUIDField(null=True, blank=True)
     locked_by = models.CharField(max_length=255, blank=True, default="")
     locked_until = models.DateTimeField(null=True, blank=True)

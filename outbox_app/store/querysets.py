@@ -534,6 +534,8 @@ class CursorQuerySet(QuerySet):
                     partitions=count,
                     tick=tick,
                     position=position or None,
+                    first_tick=tick,
+                    first_position=position,
                     created_at=now,
                     updated_at=now,
                 )

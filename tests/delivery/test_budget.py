@@ -49,6 +49,7 @@ def test_publish_stores_the_payload_size():
     assert OutboxEvent.objects.get(id=row.id).payload_bytes == 1012
 
 
+@pytest.mark.engine("rows")
 def test_a_claim_takes_the_prefix_within_the_budget(budget):
     events = [e.id for e in blobs(1012, 1012, 1012, 1012, 1012)]
     fan_out(subscribers=[PLAIN])
@@ -58,6 +59,7 @@ def test_a_claim_takes_the_prefix_within_the_budget(budget):
     assert claim(PLAIN) == events[4:]
 
 
+@pytest.mark.engine("rows")
 def test_a_payload_larger_than_the_budget_goes_alone(budget):
     events = [e.id for e in blobs(5000, 1012, 1012, 1012)]
     fan_out(subscribers=[PLAIN])
@@ -66,6 +68,7 @@ def test_a_payload_larger_than_the_budget_goes_alone(budget):
     assert claim(PLAIN) == events[3:]
 
 
+@pytest.mark.engine("rows")
 def test_an_ordered_claim_takes_heads_within_the_budget(budget):
     heads = [blobs(1012, 1012, aggregate=("shop.Cart", str(n)))[0].id for n in range(3)]
     fan_out(subscribers=[ORDERED])
@@ -73,6 +76,7 @@ def test_an_ordered_claim_takes_heads_within_the_budget(budget):
     assert claim(ORDERED) == heads[2:]
 
 
+@pytest.mark.engine("rows")
 def test_fan_out_folded_into_a_claim_stays_within_the_budget(budget):
     events = [e.id for e in blobs(1012, 1012, 1012)]
     fold = Fold(subscribed_types([PLAIN]))
@@ -82,6 +86,7 @@ def test_fan_out_folded_into_a_claim_stays_within_the_budget(budget):
     assert claim(PLAIN, fold) == events[2:]
 
 
+@pytest.mark.engine("rows")
 def test_due_rows_and_folded_fan_out_share_one_budget(budget):
     first = blobs(1012)[0].id
     fan_out(subscribers=[PLAIN])
@@ -92,6 +97,7 @@ def test_due_rows_and_folded_fan_out_share_one_budget(budget):
     assert claim(PLAIN, fold) == events[1:]
 
 
+@pytest.mark.engine("rows")
 def test_an_oversized_event_is_fanned_out_and_claimed_alone(budget):
     events = [e.id for e in blobs(5000, 1012)]
     fold = Fold(subscribed_types([PLAIN]))

@@ -27,6 +27,7 @@ def start_worker(*args: str, **env: str):
     return spawn("-m", "tests.relay_worker", *args, **env)
 
 
+@pytest.mark.engine("rows")
 def test_sigkill_mid_handler__another_worker_delivers_after_the_lease(
     handlers, tmp_path
 ):

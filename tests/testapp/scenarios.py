@@ -116,9 +116,12 @@ SETS = {
 
 
 def register(set_name: str) -> list[str]:
+    """Register the handlers of ``SETS[set_name]``. Their stream delivery
+    starts at the earliest event kept: a relay process the tests start
+    records them only when it runs, after the test published."""
     names = []
     for name, event, fn, options in SETS[set_name]:
-        handler(event, name=name, **options)(fn)
+        handler(event, name=name, **{"start": "earliest", **options})(fn)
         names.append(name)
     return names
 

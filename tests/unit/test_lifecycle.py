@@ -43,8 +43,12 @@ def test_every_state_is_reached_and_every_unfinished_one_left(table, states):
     )
 
 
-def test_rows_are_made_only_by_fan_out_and_divert_and_deleted_only_by_purge():
-    assert [t.name for t in DELIVERY if not t.sources] == ["fan_out", "divert"]
+def test_rows_are_made_only_by_fan_out_divert_and_hand_over_and_deleted_by_purge():
+    assert [t.name for t in DELIVERY if not t.sources] == [
+        "fan_out",
+        "divert",
+        "hand_over",
+    ]
     assert [t.name for t in DELIVERY if not t.targets] == ["purge"]
     assert [t.name for t in INBOX if not t.sources] == ["receive"]
     assert [t.name for t in INBOX if not t.targets] == ["purge"]

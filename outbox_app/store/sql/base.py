@@ -718,6 +718,36 @@ class Dialect:
         the partitions, so an aggregate's events share one."""
         raise NotImplementedError
 
+    def cursor_covers(self, e: str = "e") -> str:
+        """The condition that an event (``e``, written for stream delivery)
+        is the cursor ``c``'s to deliver: in its partition, and published
+        after the cursor started."""
+        return (
+            f"(c.partitions = 1 OR {self.partition_hash(e)} %% c.partitions "
+            f"= c.partition) AND {self._after_origin(e)}"
+        )
+
+    def _after_origin(self, e: str) -> str:
+        raise NotImplementedError
+
+    def cursor_passed(self, e: str = "e") -> str:
+        """The condition that the cursor ``c`` has read past the event
+        ``e``."""
+        raise NotImplementedError
+
+    def awaited(self, e: str) -> str:
+        """The condition that some cursor has still to deliver the event
+        ``e`` (an expression naming the events table's row): one that covers
+        it, has not read past it, and whose subscriber's subscription to its
+        type is active."""
+        return (
+            f"EXISTS (SELECT 1 FROM {self.c} c WHERE {self.cursor_covers(e)} "
+            f"AND NOT {self.cursor_passed(e)} AND EXISTS (SELECT 1 FROM "
+            f"{self.s} s WHERE s.subscriber = c.subscriber AND s.retired_at IS "
+            f"NULL AND (s.event_type = '{WILDCARD}' OR s.event_type = "
+            f"{e}.event_type)))"
+        )
+
     def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
         """Where a new cursor starts: ``(tick, position)`` of the events
         committed from now on, or with ``earliest`` of every event kept."""
@@ -788,8 +818,15 @@ class Dialect:
         order), every other column at its model field's default; an existing
         ``(event, subscriber)`` row is left alone. The last parameter: the
         event's id. ``returning``: the new row's id comes back."""
+        return self.divert_from(f"FROM {self.e} e WHERE e.id = %s") + (
+            " RETURNING id" if returning else ""
+        )
+
+    def divert_from(self, source: str) -> str:
+        """:meth:`divert` of every event (``e``) ``source`` (a ``FROM ...``
+        clause) selects: :data:`DIVERTED`'s parameters, then ``source``'s."""
         row = {
-            ("event_id" if name == "id" else name): f"b.{name}"
+            ("event_id" if name == "id" else name): f"e.{name}"
             for name in COPIED_COLUMNS
         }
         row.update((name, "%s") for name in self.DIVERTED)
@@ -801,6 +838,21 @@ class Dialect:
         prefix, suffix = self.insert_ignore
         return (
             f"{prefix} {self.n} ({columns}) SELECT {', '.join(row.values())} "
-            f"FROM {self.e} b WHERE b.id = %s{suffix}"
-            + (" RETURNING id" if returning else "")
+            f"{source}{suffix}"
+        )
+
+    def unread(self, type_count: int | None) -> str:
+        """``FROM ... WHERE ...``: the events written for stream delivery
+        (``e``, of ``type_count`` types, None: every type) that a
+        subscriber's cursors (``c``) are to deliver and have not read yet.
+        Parameters: the subscriber, then the types."""
+        types = (
+            ""
+            if type_count is None
+            else f" AND e.event_type IN ({', '.join(['%s'] * type_count)})"
+        )
+        return (
+            f"FROM {self.e} e JOIN {self.c} c ON c.subscriber = %s "
+            f"AND {self.cursor_covers()} WHERE e.fanned_out IS NULL "
+            f"AND e.event_type IS NOT NULL{types} AND NOT {self.cursor_passed()}"
         )

@@ -257,3 +257,13 @@ class PostgreSQLDialect(Dialect):
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT pg_current_snapshot()::text")
             return cursor.fetchone()[0], 0
+
+    def _after_origin(self, e: str) -> str:
+        return f"NOT pg_visible_in_snapshot({e}.txid, c.first_tick::pg_snapshot)"
+
+    def cursor_passed(self, e: str = "e") -> str:
+        return (
+            f"(pg_visible_in_snapshot({e}.txid, c.tick::pg_snapshot) OR "
+            f"(c.next_tick IS NOT NULL AND pg_visible_in_snapshot({e}.txid, "
+            f"c.next_tick::pg_snapshot) AND {e}.position <= c.position))"
+        )

@@ -102,3 +102,9 @@ class SQLiteDialect(Dialect):
         with connections[using].cursor() as cursor:
             cursor.execute(f"SELECT COALESCE(MAX(position), 0) FROM {self.e}")
             return None, cursor.fetchone()[0]
+
+    def _after_origin(self, e: str) -> str:
+        return f"{e}.position > COALESCE(c.first_position, 0)"
+
+    def cursor_passed(self, e: str = "e") -> str:
+        return f"{e}.position <= COALESCE(c.position, 0)"

@@ -1,0 +1,162 @@
+"""What operators see of stream delivery: for an event, each subscriber's
+delivery (its row, or where its cursor stands), and each cursor's place
+and lag.
+
+A subscriber delivered an event by stream when its cursor has read past it
+and no row of it is open; until then the event waits in the stream
+(PENDING, as a row would be). Only what needs attention has a row: a failed
+attempt, an event due later or waiting behind its aggregate, a requeue or a
+replay (:mod:`outbox_app.relay.stream`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connections, router
+
+from ..store.clock import database_now
+from ..store.lifecycle import State
+from ..store.models import Cursor, Delivery, OutboxEvent, Subscription
+from ..store.sql import dialect
+from ..subscribers import WILDCARD
+
+
+def event_deliveries(event: OutboxEvent, using: str | None = None) -> dict[str, str]:
+    """Each subscriber's delivery of ``event``, by subscriber name: the state
+    of its delivery row where it has one; otherwise, for an event written
+    for stream delivery, ``SUCCEEDED`` once the subscriber's cursor has read
+    past it and ``PENDING`` before; for an event awaiting fan-out (row
+    delivery), ``PENDING`` for each active subscription of its type. A
+    subscriber whose cursor started after the event was published, or that
+    does not take its type, is not listed.
+
+    Args:
+        event: an outbox event (a sentinel has no deliveries).
+        using: database alias; default the event's.
+
+    Returns:
+        ``{subscriber: state}``, states as :class:`~outbox_app.store.
+        lifecycle.State` values.
+    """
+    using = using or event._state.db or router.db_for_read(OutboxEvent)
+    found = dict(
+        Delivery.objects.using(using)
+        .filter(event_id=event.pk)
+        .values_list("subscriber", "state")
+    )
+    if event.event_type is None or event.fanned_out:
+        return found
+    takers, retired = _takers(event.event_type, using)
+    if event.fanned_out is False:  # row delivery, awaiting fan-out
+        return {**dict.fromkeys(takers - found.keys(), State.PENDING), **found}
+    d = dialect(using)
+    text = (
+        f"SELECT c.subscriber, MAX(CASE WHEN {d.cursor_passed()} THEN 1 ELSE 0 "
+        f"END) FROM {d.e} e JOIN {d.c} c ON {d.cursor_covers()} "
+        "WHERE e.id = %s GROUP BY c.subscriber"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [d.uuid_param(event.pk)])
+        # A retired subscription's cursor delivered what it read; what it
+        # had not read became rows when it was retired.
+        streamed = {
+            name: State.SUCCEEDED if passed else State.PENDING
+            for name, passed in cursor.fetchall()
+            if (name in takers or (name in retired and passed)) and name not in found
+        }
+    return {**streamed, **found}
+
+
+def _takers(event_type: str, using: str) -> tuple[set[str], set[str]]:
+    """The subscribers whose subscription to ``event_type`` (or to every
+    type) is active, and those whose is retired."""
+    active, retired = set(), set()
+    for name, retired_at in (
+        Subscription.objects.using(using)
+        .filter(event_type__in=[event_type, WILDCARD])
+        .values_list("subscriber", "retired_at")
+    ):
+        (active if retired_at is None else retired).add(name)
+    return active, retired - active
+
+
+def hand_over(
+    subscriber: str,
+    event_types: Iterable[str] | None,
+    state: str,
+    using: str = "default",
+) -> int:
+    """Write a delivery row in ``state`` (PENDING, due now: relays that have
+    ``subscriber`` deliver it; or SKIPPED, given up) for every event of
+    ``event_types`` (None: every type) written for stream delivery that
+    ``subscriber``'s cursors are to deliver and have not read yet: its
+    subscription to those types is being retired, so its cursors stop
+    reading them (the lifecycle's ``hand_over``). An event with a row
+    already keeps it. Returns rows written."""
+    d = dialect(using)
+    if d.stream is None:
+        return 0
+    types = None if event_types is None else sorted(event_types)
+    now = d.datetime_param(database_now(using))
+    skipped = state == State.SKIPPED
+    values = [
+        subscriber,
+        state,
+        0,
+        now,
+        None,
+        "",
+        None,
+        RETIRED_ERROR if skipped else "",
+        "",
+        "",
+        None,
+        now if skipped else None,
+        now,
+        now,
+    ]
+    text = d.divert_from(d.unread(None if types is None else len(types)))
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [*values, subscriber, *(types or [])])
+        return cursor.rowcount
+
+
+#: The error recorded on the rows of events a retired subscription gave up.
+RETIRED_ERROR = "the subscription was retired before this event was delivered"
+
+
+def restart(subscribers: Iterable[str], using: str = "default") -> int:
+    """Move the cursors of ``subscribers`` to the current tick, as new
+    cursors start: the events published before are no longer theirs (a
+    subscriber reactivated after every subscription of it was retired does
+    not receive what was published meanwhile, as fan-out did not create
+    deliveries for it). A relay holding one loses its lease and takes it
+    again. Returns cursors moved."""
+    d = dialect(using)
+    moved = 0
+    if d.stream is None:
+        return moved
+    for name in subscribers:
+        tick, position = d.first_reading(using, False)
+        moved += (
+            Cursor.objects.using(using)
+            .filter(subscriber=name)
+            .update(
+                tick=tick,
+                next_tick=None,
+                position=position or None,
+                first_tick=tick,
+                first_position=position,
+                lease_token=None,
+                locked_by="",
+                locked_until=None,
+                updated_at=database_now(using),
+            )
+        )
+    return moved
+
+
+def cursors(using: str = "default") -> list[Cursor]:
+    """Every cursor, by subscriber and partition."""
+    return list(Cursor.objects.using(using).order_by("subscriber", "partition"))
