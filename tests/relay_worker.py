@@ -30,6 +30,7 @@ from django.db import close_old_connections  # noqa: E402
 from django.db.backends.signals import connection_created  # noqa: E402
 
 from outbox_app import Delivery, OutboxEvent  # noqa: E402
+from outbox_app.ops import streams  # noqa: E402
 from outbox_app.relay import relay_once  # noqa: E402
 from outbox_app.relay.worker import single_relay_guard  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
@@ -59,6 +60,7 @@ def main() -> int:
             if args.until_done and not (
                 OutboxEvent.objects.awaiting_fanout().exists()
                 or Delivery.objects.exclude(state=State.SUCCEEDED).exists()
+                or streams.awaited()
             ):
                 return 0
             time.sleep(0.02)

@@ -123,7 +123,15 @@ OUTBOX_RETRY_BASE_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_BASE", "1.0"
 OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0"))
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
 OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
-OUTBOX_PUBLISHERS = json.loads(os.environ.get("OUTBOX_TEST_PUBLISHERS", "{}"))
+# Relay processes a test starts record their publishers only when they run,
+# after the test published: their stream delivery starts at the earliest
+# event kept (unless the test says otherwise).
+OUTBOX_PUBLISHERS = {
+    name: {"START": "earliest", **options}
+    for name, options in json.loads(
+        os.environ.get("OUTBOX_TEST_PUBLISHERS", "{}")
+    ).items()
+}
 # The Celery app enqueued tasks are sent with (tests/celery_app.py's).
 OUTBOX_CELERY_APP = os.environ.get("OUTBOX_TEST_CELERY_APP")
 # No handler of its own: records propagate to the root logger, where pytest's
@@ -144,3 +152,4 @@ OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_TEST_PREPARED") == "1"
 # default (stream where the database has it). Relay processes the tests start
 # inherit it.
 OUTBOX_ENGINE = os.environ.get("OUTBOX_TEST_ENGINE", "rows") or None
+OUTBOX_PARTITIONS = int(os.environ.get("OUTBOX_TEST_PARTITIONS", "1"))

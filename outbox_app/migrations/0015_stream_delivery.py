@@ -162,12 +162,29 @@ class Migration(migrations.Migration):
                         null=True,
                     ),
                 ),
+                (
+                    "stop_tick",
+                    models.TextField(
+                        blank=True,
+                        help_text="Where it stops (PostgreSQL: a snapshot): the subscriber's partitions are changing, and the cursors of the new count read on from here once every cursor of this count has read to it.",
+                        null=True,
+                    ),
+                ),
                 ("lease_token", models.UUIDField(blank=True, null=True)),
                 (
                     "locked_by",
                     models.CharField(blank=True, default="", max_length=255),
                 ),
                 ("locked_until", models.DateTimeField(blank=True, null=True)),
+                (
+                    "wanted_by",
+                    models.CharField(
+                        blank=True,
+                        default="",
+                        help_text="A relay that asked for it to share the subscriber's partitions: its holder hands it over after its current batch.",
+                        max_length=255,
+                    ),
+                ),
                 (
                     "ticked_at",
                     models.DateTimeField(

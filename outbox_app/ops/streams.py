@@ -157,6 +157,22 @@ def restart(subscribers: Iterable[str], using: str = "default") -> int:
     return moved
 
 
+def awaited(using: str = "default") -> int:
+    """How many events written for stream delivery some cursor has still to
+    read (of a type its subscriber's active subscriptions take): the
+    streams' backlog, whose rows do not exist."""
+    d = dialect(using)
+    if d.stream is None:
+        return 0
+    text = (
+        f"SELECT COUNT(*) FROM {d.e} e WHERE e.fanned_out IS NULL "
+        f"AND e.event_type IS NOT NULL AND {d.awaited('e')}"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [])  # [] : "%%" is read as "%"
+        return cursor.fetchone()[0]
+
+
 def cursors(using: str = "default") -> list[Cursor]:
     """Every cursor, by subscriber and partition."""
     return list(Cursor.objects.using(using).order_by("subscriber", "partition"))

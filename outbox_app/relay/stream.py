@@ -59,6 +59,9 @@ __all__ = ["Cursors", "Hold", "StreamBatch", "streaming"]
 #: How often a relay tries again to take the cursors of a subscriber that
 #: other relays hold, in seconds.
 TAKE_RETRY_SECONDS = 1.0
+#: How long a cursor handed back to the relay that asked for it is left for
+#: that relay before any relay may take it, in seconds.
+PROMISE_SECONDS = 5 * TAKE_RETRY_SECONDS
 
 
 @dataclass
@@ -72,8 +75,10 @@ class Hold:
         reading: where it reads next: what is delivered, ahead of the row.
         written: the reading as the row has it.
         renewed: ``time.monotonic()`` when the lease was last written.
+        stop: where it stops (the subscriber's partitions are changing).
         walk: the tick being read is large: read on by position.
         ticked: a tick was read to its end since the row was last written.
+        wanted: another relay asked for it: handed over after this batch.
         lost: the lease passed to another relay; nothing more is written.
     """
 
@@ -85,8 +90,10 @@ class Hold:
     reading: Reading
     written: Reading
     renewed: float
+    stop: str | None = None
     walk: bool = False
     ticked: bool = False
+    wanted: bool = False
     lost: bool = False
 
     def lease_is_young(self) -> bool:
@@ -96,10 +103,38 @@ class Hold:
     def lease_may_have_run_out(self) -> bool:
         return time.monotonic() - self.renewed >= outbox_settings.LEASE_SECONDS
 
+    @property
+    def drained(self) -> bool:
+        """It stops, and has read to its stop."""
+        return (
+            self.stop is not None
+            and self.reading.tick == self.stop
+            and self.reading.next_tick is None
+        )
+
 
 class Cursors:
     """The cursors one relay holds on database ``using``, by subscriber name;
     a running relay keeps them across its turns.
+
+    **Sharing.** A subscriber's partitions are shared by the relays that have
+    it: each takes up to its fair share, the partitions divided by the relays
+    holding a live lease on one (itself included). A relay short of its share
+    takes free or expired cursors first, then asks for one of the relay
+    holding the most (``wanted_by``); that relay sees the request when it
+    next moves the cursor (its lease renewal, when idle) and hands it back
+    after that batch, so a partition changes hands only between batches and
+    its events stay in order. A relay holding more than its share hands the
+    rest back.
+
+    **Changing the partitions.** A relay whose ``partitions`` setting differs
+    from the cursors' count, and that started after they were made (the
+    newest setting wins), asks for every cursor of the old count; holding
+    them all, it stops each at one tick (``stop_tick``, a snapshot taken then)
+    and creates the cursors of the new count starting at that tick. The old
+    cursors are read to the stop and deleted; the new ones are read only
+    once no old one is left. Every event is read by exactly one cursor: those
+    visible at the stop by the old ones, the others by the new ones.
 
     Args:
         using: database alias.
@@ -112,85 +147,208 @@ class Cursors:
         self.stream = Stream(using)
         self.holds: dict[str, list[Hold]] = {}
         self._tried: dict[str, float] = {}
+        # When this process first read the cursors: a change of partitions
+        # is started only by a process newer than the cursors' count.
+        self.started = _started.setdefault(using, database_now(using))
 
     def of(self, subscriber: Subscriber, now: datetime.datetime) -> list[Hold]:
-        """The cursors of ``subscriber`` this relay holds, taking those that
-        are free (at most once every :data:`TAKE_RETRY_SECONDS` while other
-        relays hold them) and creating them where none exists yet. A lease
-        older than half of ``OUTBOX_LEASE_SECONDS`` is renewed (writing the
-        reading kept ahead of the row)."""
+        """The cursors of ``subscriber`` this relay reads now: those it holds
+        of the generation being read (a changing subscriber's old cursors
+        until they are drained), after handing back what another relay asked
+        for or what is over its share, taking its share (at most once every
+        :data:`TAKE_RETRY_SECONDS`) and creating the cursors where none
+        exists yet. A lease older than half of ``OUTBOX_LEASE_SECONDS`` is
+        renewed (writing the reading kept ahead of the row)."""
         name = subscriber.name
-        partitions = stream_partitions(subscriber, self.using)
-        holds = [
-            h
-            for h in self.holds.get(name, [])
-            if not h.lost and h.partitions == partitions
-        ]
+        holds = [h for h in self.holds.get(name, []) if not h.lost]
         for hold in holds:
             if time.monotonic() - hold.renewed >= outbox_settings.LEASE_SECONDS / 2:
                 self.write(hold, now)
+        for hold in holds:
+            if hold.lost:
+                continue
+            if hold.drained:
+                self._drop(hold)
+            elif hold.wanted:
+                self._release(hold, now)
         holds = [h for h in holds if not h.lost]
-        missing = sorted(set(range(partitions)) - {h.partition for h in holds})
         clock = time.monotonic()
-        if missing and clock - self._tried.get(name, -TAKE_RETRY_SECONDS) >= (
-            TAKE_RETRY_SECONDS
-        ):
+        if clock - self._tried.get(name, -TAKE_RETRY_SECONDS) >= TAKE_RETRY_SECONDS:
             self._tried[name] = clock
-            taken = self._take(name, partitions, missing, now)
-            if len(taken) < len(missing):
-                created = Cursor.objects.using(self.using).ensure(
-                    [subscriber], partitions=partitions
-                )
-                if created:
-                    taken += self._take(
-                        name,
-                        partitions,
-                        sorted(set(missing) - {h.partition for h in taken}),
-                        now,
-                    )
-            holds += taken
-            holds.sort(key=lambda h: h.partition)
+            holds = self._share(subscriber, holds, now)
         self.holds[name] = holds
         return holds
 
-    def _take(
-        self, name: str, partitions: int, wanted: list[int], now: datetime.datetime
+    def _share(
+        self, subscriber: Subscriber, holds: list[Hold], now: datetime.datetime
     ) -> list[Hold]:
-        taken = []
-        for partition in wanted:
-            token = uuid.uuid4()
-            found = self.stream.take(
-                name,
-                partitions,
-                partition,
-                token=token,
-                worker=self.worker,
-                expiry=_expiry(now),
-                now=now,
-            )
-            if found is not None:
-                cursor_id, reading = found
-                taken.append(
-                    Hold(
-                        cursor_id,
-                        name,
-                        partition,
-                        partitions,
-                        token,
-                        reading,
-                        reading,
-                        time.monotonic(),
+        """This relay's share of ``subscriber``'s cursors being read: the
+        old count's while a change of its partitions drains them, else the
+        current count's. Hands back what is over the share, takes free
+        cursors up to it, asks for the rest, and starts a change of the
+        partitions where this relay's setting is the newest."""
+        rows = Cursor.objects.using(self.using).filter(subscriber=subscriber.name)
+        found = list(rows.order_by("partitions", "partition"))
+        if not found:
+            Cursor.objects.using(self.using).ensure([subscriber])
+            found = list(rows.order_by("partitions", "partition"))
+        draining = [c for c in found if c.stop_tick is not None]
+        current = draining or found
+        ids = {c.id for c in current}
+        configured = stream_partitions(subscriber, self.using)
+        changing = bool(
+            current
+            and not draining
+            and current[0].partitions != configured
+            and max(c.created_at for c in current) < self.started
+        )
+        mine = [h for h in holds if h.cursor_id in ids]
+        for hold in holds:
+            if hold.cursor_id not in ids:  # deleted meanwhile
+                hold.lost = True
+        held = {h.cursor_id for h in mine}
+        others = {c.locked_by for c in current if c.id not in held and _leased(c, now)}
+        share = len(current) if changing else -(-len(current) // (len(others) + 1))
+        for hold in mine[share:]:
+            self._release(hold, now)
+        mine = mine[:share]
+        for cursor in current:
+            if len(mine) >= share:
+                break
+            if (
+                cursor.id not in held
+                and not _leased(cursor, now)
+                and not self._promised(cursor, now)
+            ):
+                hold = self._take(cursor, now)
+                if hold is not None:
+                    mine.append(hold)
+        if len(mine) < share:
+            taken = {h.cursor_id for h in mine}
+            self._ask(current, taken, now, share - len(mine), changing)
+        elif changing:
+            self._change(subscriber, mine, current, configured, now)
+        return mine
+
+    def _promised(self, cursor: Cursor, now: datetime.datetime) -> bool:
+        """Whether ``cursor``, free, was handed back to the relay that asked
+        for it, and is left for it a while (:data:`PROMISE_SECONDS`)."""
+        return (
+            cursor.wanted_by not in ("", self.worker[:255])
+            and (now - cursor.updated_at).total_seconds() < PROMISE_SECONDS
+        )
+
+    def _take(self, cursor: Cursor, now: datetime.datetime) -> Hold | None:
+        token = uuid.uuid4()
+        found = self.stream.take(
+            cursor.id, token=token, worker=self.worker, expiry=_expiry(now), now=now
+        )
+        if found is None:
+            return None
+        reading, stop = found
+        return Hold(
+            cursor.id,
+            cursor.subscriber,
+            cursor.partition,
+            cursor.partitions,
+            token,
+            reading,
+            reading,
+            time.monotonic(),
+            stop=stop,
+        )
+
+    def _ask(self, current, mine, now, wanting: int, all_of_them: bool) -> None:
+        """Ask for ``wanting`` cursors of ``current`` that other relays hold
+        (those of the relay holding the most first; every one when
+        ``all_of_them``)."""
+        held: dict[str, list[Cursor]] = {}
+        for cursor in current:
+            if cursor.id not in mine and _leased(cursor, now):
+                held.setdefault(cursor.locked_by, []).append(cursor)
+        rows = Cursor.objects.using(self.using)
+        for owner in sorted(held, key=lambda o: -len(held[o])):
+            for cursor in held[owner]:
+                if wanting <= 0:
+                    return
+                if cursor.wanted_by in ("", self.worker):
+                    rows.filter(id=cursor.id, wanted_by="").update(
+                        wanted_by=self.worker[:255]
                     )
+                    wanting -= 1
+            if not all_of_them:
+                return
+
+    def _change(
+        self,
+        subscriber: Subscriber,
+        holds: list[Hold],
+        current: list[Cursor],
+        partitions: int,
+        now: datetime.datetime,
+    ) -> list[Hold]:
+        """Holding every cursor of ``subscriber``'s current count, stop them
+        all at one tick taken now and create ``partitions`` cursors starting
+        there (see the class docstring)."""
+        tick, _ = self.stream.dialect.first_reading(self.using, False)
+        rows = Cursor.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            for hold in holds:
+                if hold.stop is None and not rows.filter(
+                    id=hold.cursor_id, lease_token=hold.token
+                ).update(stop_tick=tick):
+                    raise LeaseLost("a cursor of the old count was taken over")
+                hold.stop = tick
+            first = current[0]
+            rows.bulk_create(
+                Cursor(
+                    subscriber=subscriber.name,
+                    partition=partition,
+                    partitions=partitions,
+                    tick=tick,
+                    first_tick=first.first_tick,
+                    first_position=first.first_position,
+                    created_at=now,
+                    updated_at=now,
                 )
-        return taken
+                for partition in range(partitions)
+            )
+        logger.info(
+            "%s: partitions %d -> %d: the %d cursors are read to tick %s, then "
+            "the new ones go on from there",
+            subscriber.name,
+            current[0].partitions,
+            partitions,
+            len(current),
+            tick,
+        )
+        return holds
+
+    def _drop(self, hold: Hold) -> None:
+        """Delete a drained cursor (fenced by its lease)."""
+        Cursor.objects.using(self.using).filter(
+            id=hold.cursor_id, lease_token=hold.token
+        ).delete()
+        hold.lost = True
+
+    def _release(self, hold: Hold, now: datetime.datetime) -> None:
+        """Hand ``hold`` back with its reading (another relay asked for it,
+        or this relay holds more than its share)."""
+        try:
+            self.stream.release(
+                hold.cursor_id, hold.token, hold.reading, now=now, ticked=hold.ticked
+            )
+        finally:
+            hold.lost = True
 
     def write(self, hold: Hold, now: datetime.datetime) -> bool:
         """Write ``hold``'s reading and renew its lease; False (and the hold
-        dropped) when the lease was lost."""
+        dropped) when the lease was lost. Notes whether another relay asked
+        for it."""
         if hold.lost:
             return False
         renewed = time.monotonic()
-        moved = self.stream.move(
+        wanted = self.stream.move(
             hold.cursor_id,
             hold.token,
             hold.reading,
@@ -198,11 +356,12 @@ class Cursors:
             now=now,
             ticked=hold.ticked,
         )
-        if moved:
-            hold.written, hold.renewed, hold.ticked = hold.reading, renewed, False
-        else:
+        if wanted is None:
             hold.lost = True
-        return moved
+            return False
+        hold.written, hold.renewed, hold.ticked = hold.reading, renewed, False
+        hold.wanted = bool(wanted) and wanted != self.worker
+        return True
 
     def release(self) -> None:
         """Hand every cursor back with its reading (a relay stopping, a
@@ -215,13 +374,7 @@ class Cursors:
                 if hold.lost:
                     continue
                 try:
-                    self.stream.release(
-                        hold.cursor_id,
-                        hold.token,
-                        hold.reading,
-                        now=now,
-                        ticked=hold.ticked,
-                    )
+                    self._release(hold, now)
                 except DatabaseError:
                     logger.warning(
                         "%s: could not hand back cursor %s",
@@ -230,6 +383,20 @@ class Cursors:
                         exc_info=True,
                     )
         self.holds.clear()
+
+
+#: database alias -> when this process first read its cursors (the
+#: database's clock).
+_started: dict[str, datetime.datetime] = {}
+
+
+def _leased(cursor: Cursor, now: datetime.datetime) -> bool:
+    """Whether a relay holds ``cursor`` (a row read) by a lease not run out."""
+    return (
+        cursor.lease_token is not None
+        and cursor.locked_until is not None
+        and cursor.locked_until > now
+    )
 
 
 def _expiry(now: datetime.datetime) -> datetime.datetime:
@@ -298,9 +465,18 @@ class StreamBatch:
         started = time.monotonic()
         using = cursors.using
         now = now or database_now(using)
+        reading = hold.reading
+        if hold.stop is not None and reading.next_tick is None:
+            # A cursor that stops reads its last tick up to the stop (none
+            # when it is there: drained, it is deleted at the next turn).
+            reading = Reading(reading.tick, hold.stop, reading.position)
+            if hold.drained:
+                return cls(
+                    subscriber, hold, cursors, None, [], [], 0, False, now, started
+                )
         found = cursors.stream.read(
             subscriber.name,
-            hold.reading,
+            reading,
             event_types=event_types,
             partitions=hold.partitions,
             partition=hold.partition,

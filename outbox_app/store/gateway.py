@@ -518,19 +518,16 @@ class Stream:
 
     def take(
         self,
-        subscriber: str,
-        partitions: int,
-        partition: int,
+        cursor_id: int,
         *,
         token: uuid.UUID,
         worker: str,
         expiry: datetime.datetime,
         now: datetime.datetime,
-    ) -> tuple[int, Reading] | None:
-        """Lease the cursor ``partition`` of ``partitions`` of ``subscriber``
-        if it is free or its lease ran out (by ``now``), until ``expiry``.
-        Returns its id and :class:`Reading`, or None (another relay holds it,
-        or it does not exist)."""
+    ) -> tuple[Reading, str | None] | None:
+        """Lease the cursor ``cursor_id`` if it is free or its lease ran out
+        (by ``now``), until ``expiry``. Returns its :class:`Reading` and its
+        stop tick, or None (another relay holds it, or it is gone)."""
         d = self.dialect
         stamp = d.datetime_param(now)
         params = [
@@ -538,9 +535,7 @@ class Stream:
             worker[:255],
             d.datetime_param(expiry),
             stamp,
-            subscriber,
-            partitions,
-            partition,
+            cursor_id,
             stamp,
         ]
         with self._cursor() as cursor:
@@ -548,8 +543,8 @@ class Stream:
             row = cursor.fetchone()
         if row is None:
             return None
-        cursor_id, tick, next_tick, position = row
-        return cursor_id, Reading(tick, next_tick, position or 0)
+        tick, next_tick, position, stop_tick = row
+        return Reading(tick, next_tick, position or 0), stop_tick
 
     def read(
         self,
@@ -616,10 +611,11 @@ class Stream:
         expiry: datetime.datetime,
         now: datetime.datetime,
         ticked: bool = False,
-    ) -> bool:
+    ) -> str | None:
         """Write ``reading`` as the cursor's and extend its lease to
         ``expiry``, if it is still held under ``token`` (``ticked``: a tick
-        was read to its end). Returns False when the lease was lost (nothing
+        was read to its end). Returns the name of a relay that asked for the
+        cursor (``""``: none), or None when the lease was lost (nothing
         written)."""
         d = self.dialect
         stamp = d.datetime_param(now)
@@ -635,7 +631,8 @@ class Stream:
         ]
         with self._cursor() as cursor:
             cursor.execute(d.advance_cursor, params)
-            return cursor.rowcount == 1
+            row = cursor.fetchone()
+        return None if row is None else row[0]
 
     def release(
         self,

@@ -470,9 +470,27 @@ class Cursor(models.Model):
         blank=True,
         help_text=_("Where it started (SQLite): the last position before it."),
     )
+    stop_tick = models.TextField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Where it stops (PostgreSQL: a snapshot): the subscriber's "
+            "partitions are changing, and the cursors of the new count read "
+            "on from here once every cursor of this count has read to it."
+        ),
+    )
     lease_token = models.UUIDField(null=True, blank=True)
     locked_by = models.CharField(max_length=255, blank=True, default="")
     locked_until = models.DateTimeField(null=True, blank=True)
+    wanted_by = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text=_(
+            "A relay that asked for it to share the subscriber's partitions: "
+            "its holder hands it over after its current batch."
+        ),
+    )
     ticked_at = models.DateTimeField(
         null=True, blank=True, help_text=_("When it last read a tick to its end.")
     )

@@ -497,13 +497,14 @@ class SubscriptionQuerySet(QuerySet):
 class CursorQuerySet(QuerySet):
     def ensure(self, subscribers: Iterable, *, earliest: bool | None = None) -> int:
         """Create the cursors of ``subscribers`` (:class:`~outbox_app.
-        subscribers.Subscriber` values) that stream delivery lacks: one per
+        subscribers.Subscriber` values) that have none yet: one per
         partition (:func:`~outbox_app.store.gateway.partitions`). A new
         cursor starts at the current tick (the events committed from now on),
         or at the earliest event kept where the subscriber's ``start`` is
         ``"earliest"`` (``earliest`` overrides it). A subscriber renamed
         (its ``aliases``) takes over its former name's cursors instead, so
-        it goes on where that one stopped. Existing cursors are left alone.
+        it goes on where that one stopped. A subscriber with cursors keeps
+        them, whatever their count.
 
         Returns:
             Cursors created or taken over.
@@ -515,11 +516,13 @@ class CursorQuerySet(QuerySet):
         created = 0
         for subscriber in subscribers:
             count = partitions(subscriber, self.db)
-            mine = self.filter(subscriber=subscriber.name, partitions=count)
-            if mine.count() == count:
+            mine = self.filter(subscriber=subscriber.name)
+            if mine.exists():
+                # Whatever their count: a relay whose partitions differ
+                # changes them between ticks (relay/stream.py, Cursors).
                 continue
-            former = self.filter(subscriber__in=subscriber.aliases, partitions=count)
-            if not mine.exists() and former.exists():
+            former = self.filter(subscriber__in=subscriber.aliases)
+            if former.exists():
                 created += former.update(subscriber=subscriber.name)
                 continue
             first = earliest

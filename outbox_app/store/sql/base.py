@@ -755,16 +755,15 @@ class Dialect:
 
     @functools.cached_property
     def take_cursor(self) -> str:
-        """Lease a cursor that is free or whose lease ran out and read its
-        state. Parameters: the lease token, the worker, the lease's expiry,
-        now; the subscriber, the partitions, the partition; now. Returns
-        ``id, tick, next_tick, position`` (no row: another relay holds it)."""
+        """Lease a cursor (by id) that is free or whose lease ran out, and
+        read its state. Parameters: the lease token, the worker, the lease's
+        expiry, now; the id; now. Returns ``tick, next_tick, position,
+        stop_tick`` (no row: another relay holds it)."""
         return (
             f"UPDATE {self.c} SET lease_token = %s, locked_by = %s, "
-            "locked_until = %s, updated_at = %s WHERE subscriber = %s "
-            "AND partitions = %s AND partition = %s AND (lease_token IS NULL "
-            "OR locked_until IS NULL OR locked_until <= %s) "
-            "RETURNING id, tick, next_tick, position"
+            "locked_until = %s, wanted_by = '', updated_at = %s WHERE id = %s "
+            "AND (lease_token IS NULL OR locked_until IS NULL OR locked_until "
+            "<= %s) RETURNING tick, next_tick, position, stop_tick"
         )
 
     @functools.cached_property
@@ -772,11 +771,12 @@ class Dialect:
         """Write a cursor's state and extend its lease, fenced by the lease
         token. Parameters: tick, next tick, position, the lease's expiry,
         when a tick was read to its end (NULL: none was), now; the id, the
-        token."""
+        token. Returns ``wanted_by`` (no row: the lease was lost)."""
         return (
             f"UPDATE {self.c} SET tick = %s, next_tick = %s, position = %s, "
             "locked_until = %s, ticked_at = COALESCE(%s, ticked_at), "
-            "updated_at = %s WHERE id = %s AND lease_token = %s"
+            "updated_at = %s WHERE id = %s AND lease_token = %s "
+            "RETURNING wanted_by"
         )
 
     @functools.cached_property
