@@ -86,7 +86,7 @@ from ..store.models import InboxMessage
 from ..store.sql import dialect
 from ..subscribers import dotted_path
 from .recorded import Recorded
-from .registry import Consumer
+from .registry import ConsumeContext, Consumer
 
 logger = logging.getLogger("outbox_app.inbox")
 
@@ -105,55 +105,6 @@ UNDECODABLE = dotted_path(UndecodableMessage)
 #: States that hold back an ordered consumer's later messages of an aggregate.
 UNFINISHED = (InboxState.FAILED, InboxState.DEAD)
 WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
-
-
-@dataclass(frozen=True)
-class ConsumeContext:
-    """What a consumer receives besides the event.
-
-    Attributes:
-        message_id: the CloudEvents ``id`` (for outbox_app's producers, the
-            outbox event id): with ``source``, the inbox's deduplication key.
-        event_id: ``message_id`` as a UUID, or None if it is not one (a
-            foreign producer's id).
-        source: the producing service (CloudEvents ``source``: its
-            ``OUTBOX_NAMESPACE``); ids are unique per source.
-        event_type, revision: the type and payload revision (1 if absent).
-        payload: the CloudEvent's ``data``.
-        aggregate_type, aggregate_id, aggregate_version: the aggregate, if any
-            (``aggregatetype``, ``subject``, ``aggregateversion``).
-        tenant_id, action_id: ``tenantid``, ``actionid`` if any.
-        headers: ``correlation_id``, ``causation_id``, ``traceparent``,
-            ``tracestate`` when the message carries them.
-        occurred_at, deliver_at, expires_at: ``time``, ``deliverat``,
-            ``expiretime`` (aware datetimes) or None.
-        operation: the ``operation`` attribute (a tracked model's create,
-            update, delete, soft_delete), or None.
-        envelope: the whole CloudEvent as received.
-        attempt: 1 for the first run, 2 for the first retry, ...
-        consumer, queue: who runs it, and where it came from.
-    """
-
-    message_id: str
-    event_id: uuid.UUID | None
-    source: str
-    event_type: str
-    revision: int
-    payload: Any
-    aggregate_type: str | None
-    aggregate_id: str | None
-    aggregate_version: int | None
-    tenant_id: str | None
-    action_id: str | None
-    headers: dict[str, str]
-    occurred_at: datetime.datetime | None
-    deliver_at: datetime.datetime | None
-    expires_at: datetime.datetime | None
-    operation: str | None
-    envelope: dict[str, Any]
-    attempt: int
-    consumer: str
-    queue: str
 
 
 def context_for(
