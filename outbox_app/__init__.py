@@ -3,9 +3,11 @@
 Publish events in the same database transaction as your ORM writes; a relay
 delivers them afterwards, at least once, to brokers and in-process handlers.
 
-The public API is importable from here. Names that need the app registry
-(``publish``, the models) are loaded on first access, so importing
-``outbox_app`` in a settings file or an ``events.py`` is always safe.
+The public API is importable from here, each name loaded on first access.
+Only the three models need Django's app registry: every other name imports
+before ``django.setup()`` (a settings file, a ``celery.py``, an
+``events.py``), as Celery's ``shared_task`` does, and is the same object
+afterwards.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from .events.types import Event, upcaster
 from .exceptions import InvalidEvent, OutboxError
 
 if TYPE_CHECKING:
-    from .inbox.receive import ConsumeContext
-    from .inbox.registry import consumer
+    from .inbox.registry import ConsumeContext, consumer
     from .publishing.aggregates import RecordsEvents, translator
     from .publishing.enqueue import enqueue
     from .publishing.outbox import acting, events_committed, outbox_action, publish
@@ -67,7 +68,7 @@ _LAZY = {
     "Delivery": "models",
     "handler": "relay.registry",
     "consumer": "inbox.registry",
-    "ConsumeContext": "inbox.receive",
+    "ConsumeContext": "inbox.registry",
     "InboxMessage": "models",
     "DeliveryContext": "subscribers",
 }

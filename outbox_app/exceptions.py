@@ -216,8 +216,9 @@ class EventExpired(DeliveryError):
 
 class UndecodableMessage(OutboxError):
     """A consumed message is not a CloudEvents 1.0 JSON event (structured
-    mode): not JSON, not an object, or without ``specversion``, ``id``,
-    ``source`` or ``type``; or the inbox cannot store one of the attributes
+    mode): not JSON, not an object, without ``specversion``, ``id``,
+    ``source`` or ``type``, or of another ``specversion`` (``"0.3"``); or the
+    inbox cannot store one of the attributes
     it keeps (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``:
     not a string, holding a NUL character, or longer than its column; an id
     is never truncated). ``manage.py consume`` dead-letters it (one inbox row per

@@ -83,7 +83,7 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
             gettext_lazy("Last error"),
             {"fields": ["last_error_type", "last_error", "traceback_text"]},
         ),
-        (gettext_lazy("Message"), {"fields": ["body_pretty"]}),
+        (gettext_lazy("Message"), {"fields": ["body_digest", "body_pretty"]}),
     ]
 
     def has_requeue_permission(self, request) -> bool:

@@ -234,6 +234,11 @@ class ConsumeMetrics(CallMetrics):
                                                        the commit of a handled
                                                        message (no other
                                                        outcome counts)
+    ``outbox_consume_differing_duplicates_total``      duplicates whose body
+    ``{consumer}``                                     differs from the first
+                                                       message's of their id
+                                                       (counted as
+                                                       ``duplicate`` too)
     =================================================  ==========================
     """
 
@@ -255,12 +260,24 @@ class ConsumeMetrics(CallMetrics):
             ["queue"],
             registry=registry,
         )
+        self._differing = prometheus.Counter(
+            "outbox_consume_differing_duplicates",
+            "Duplicates whose body differs from the first message's of their "
+            "id: acknowledged without running, the first one kept (messages).",
+            ["consumer"],
+            registry=registry,
+        )
 
     def received(self, queues: Iterable[str]) -> None:
         """Messages taken from the broker: the queue of each."""
         if self.enabled:
             for queue, messages in collections.Counter(queues).items():
                 self._received.labels(queue).inc(messages)
+
+    def differing(self, consumer: str) -> None:
+        """A duplicate for ``consumer`` whose body differs from the first."""
+        if self.enabled:
+            self._differing.labels(consumer).inc()
 
     def handled(
         self,

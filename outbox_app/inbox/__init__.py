@@ -1,19 +1,29 @@
 """The transactional inbox: the consuming end of the pipe.
 
 * :mod:`~outbox_app.inbox.registry`: ``@consumer`` functions, found in each
-  installed app's ``consumers.py``;
+  installed app's ``consumers.py``, and the ``ConsumeContext`` they receive;
 * :mod:`~outbox_app.inbox.receive`: one message through the inbox, once per
   consumer (the inbox row and the consumer's writes in one transaction), a
   batch of them in one transaction, and the retries of failed messages from
   the database;
 * :mod:`~outbox_app.inbox.worker`: ``manage.py consume``'s loop on the broker
   (kombu, manual acks after the commit).
+
+The names below are loaded on first access, so importing a module of this
+package (the registry, from a ``consumers.py`` or a settings file) loads no
+model. ``receive`` is the function, as it was when this package imported
+its names at once, not the submodule of the same name.
 """
 
 from __future__ import annotations
 
-from .receive import ConsumeContext, Tally, receive, receive_batch, retry_due
-from .registry import Consumer, consumer, consumers
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .receive import Tally, receive, receive_batch, retry_due
+    from .registry import ConsumeContext, Consumer, consumer, consumers
 
 __all__ = [
     "ConsumeContext",
@@ -25,3 +35,39 @@ __all__ = [
     "receive_batch",
     "retry_due",
 ]
+
+_LAZY = {
+    "ConsumeContext": "registry",
+    "Consumer": "registry",
+    "consumer": "registry",
+    "consumers": "registry",
+    "Tally": "receive",
+    "receive": "receive",
+    "receive_batch": "receive",
+    "retry_due": "receive",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """This package: loading its submodule ``receive`` binds the module here
+    (the import system's ``setattr``), which would hide the function of that
+    name; the function stays."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "receive" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

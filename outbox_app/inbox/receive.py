@@ -8,7 +8,11 @@ transaction (``inbox/worker.py``), so a crash at any point either leaves the
 message unacknowledged (the broker redelivers it; the rolled-back consumer
 runs again) or committed (the redelivery finds the row and is acknowledged
 without running the consumer: a duplicate). A row recorded without its
-source (before the inbox kept it) still stops a redelivery of its id.
+source (before the inbox kept it) still stops a redelivery of its id. The
+row keeps the SHA-256 of its CloudEvent (``body_digest``): a duplicate with
+another body than the first message of its id (a producer reusing ids) is
+acknowledged all the same, the first one kept, and logged (WARNING) and
+counted (``outbox_consume_differing_duplicates_total``).
 
 :func:`receive_batch` runs what the broker sent at once in one transaction:
 one INSERT of every inbox row that skips the duplicates and returns the rows
@@ -43,7 +47,8 @@ consumer with such side effects runs at least once and must be idempotent),
 and every other callback still runs. Only ``robust`` ones are left to Django,
 which runs them at the commit and logs their errors.
 
-A message that is not a CloudEvent, or whose attributes the inbox cannot
+A message that is not a CloudEvents 1.0 event (another ``specversion``
+included), or whose attributes the inbox cannot
 store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
 string, holding NUL, longer than the column), is DEAD at once as
 :class:`~outbox_app.exceptions.UndecodableMessage`, keyed by the body's
@@ -65,6 +70,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import orjson
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
 
@@ -80,7 +86,7 @@ from ..store.models import InboxMessage
 from ..store.sql import dialect
 from ..subscribers import dotted_path
 from .recorded import Recorded
-from .registry import Consumer
+from .registry import ConsumeContext, Consumer
 
 logger = logging.getLogger("outbox_app.inbox")
 
@@ -99,55 +105,6 @@ UNDECODABLE = dotted_path(UndecodableMessage)
 #: States that hold back an ordered consumer's later messages of an aggregate.
 UNFINISHED = (InboxState.FAILED, InboxState.DEAD)
 WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
-
-
-@dataclass(frozen=True)
-class ConsumeContext:
-    """What a consumer receives besides the event.
-
-    Attributes:
-        message_id: the CloudEvents ``id`` (for outbox_app's producers, the
-            outbox event id): with ``source``, the inbox's deduplication key.
-        event_id: ``message_id`` as a UUID, or None if it is not one (a
-            foreign producer's id).
-        source: the producing service (CloudEvents ``source``: its
-            ``OUTBOX_NAMESPACE``); ids are unique per source.
-        event_type, revision: the type and payload revision (1 if absent).
-        payload: the CloudEvent's ``data``.
-        aggregate_type, aggregate_id, aggregate_version: the aggregate, if any
-            (``aggregatetype``, ``subject``, ``aggregateversion``).
-        tenant_id, action_id: ``tenantid``, ``actionid`` if any.
-        headers: ``correlation_id``, ``causation_id``, ``traceparent``,
-            ``tracestate`` when the message carries them.
-        occurred_at, deliver_at, expires_at: ``time``, ``deliverat``,
-            ``expiretime`` (aware datetimes) or None.
-        operation: the ``operation`` attribute (a tracked model's create,
-            update, delete, soft_delete), or None.
-        envelope: the whole CloudEvent as received.
-        attempt: 1 for the first run, 2 for the first retry, ...
-        consumer, queue: who runs it, and where it came from.
-    """
-
-    message_id: str
-    event_id: uuid.UUID | None
-    source: str
-    event_type: str
-    revision: int
-    payload: Any
-    aggregate_type: str | None
-    aggregate_id: str | None
-    aggregate_version: int | None
-    tenant_id: str | None
-    action_id: str | None
-    headers: dict[str, str]
-    occurred_at: datetime.datetime | None
-    deliver_at: datetime.datetime | None
-    expires_at: datetime.datetime | None
-    operation: str | None
-    envelope: dict[str, Any]
-    attempt: int
-    consumer: str
-    queue: str
 
 
 def context_for(
@@ -195,7 +152,8 @@ class Tally:
     Attributes:
         handled: consumers run and committed (retries included).
         duplicates: already in the inbox (handled, or kept to retry):
-            acknowledged without running the consumer.
+            acknowledged without running the consumer (one with another body
+            than the first message of its id is logged and counted too).
         failed: the consumer raised; kept to retry.
         dead: the dead letter: out of attempts, or undecodable.
         waiting: held behind an earlier message of their aggregate.
@@ -406,11 +364,13 @@ def receive_batch(
     recorded = Recorded({queue for _, queue, _ in batch}, alias)
     ran: list[_Ran] = []
     counted: list[tuple[str, str]] = []
+    differing: list[tuple[InboxMessage, str]] = []
     try:
         with transaction.atomic(using=alias):
-            tally = _together(batch, by_queue, alias, recorded, ran, counted)
+            tally = _together(batch, by_queue, alias, recorded, ran, counted, differing)
         for name, outcome in counted:
             consume_metrics.outcome(name, outcome)
+        _report_differing(differing)
     except _RunAlone as alone:
         failures = alone.failures
         ran = []
@@ -432,18 +392,21 @@ def receive_batch(
 
 
 def _together(
-    batch, by_queue, alias: str, recorded: Recorded, ran, counted: list
+    batch, by_queue, alias: str, recorded: Recorded, ran, counted: list, differing
 ) -> Tally:
     """The batch as one: the inbox rows in one INSERT, then the consumers.
     The outcomes it tallies (but ``handled``, counted after the commit) go
-    to ``counted`` as ``(consumer, outcome)``, for the caller to count once
-    the batch committed. Raises :class:`_RunAlone` when it cannot be."""
+    to ``counted`` as ``(consumer, outcome)``, and its duplicates whose body
+    differs to ``differing`` (:func:`_differing`), for the caller to count
+    and log once the batch committed. Raises :class:`_RunAlone` when it
+    cannot be."""
     tally = Tally()
     now = database_now(alias)
     # (message index, consumer or None: kept for an absent one, envelope,
     # body, queue, row)
     runs: list[tuple[int, Consumer | None, dict, bytes, str, InboxMessage]] = []
-    seen: set[tuple[str, str, str]] = set()
+    # key -> the body digest of its first message in the batch
+    seen: dict[tuple[str, str, str], str] = {}
     for index, (body, queue, _) in enumerate(batch):
         body = _bytes(body)
         try:
@@ -465,8 +428,10 @@ def _together(
             if key in seen:
                 tally.duplicates += 1
                 counted.append((name, "duplicate"))
+                if seen[key] != columns["body_digest"]:
+                    differing.append((_row(name, columns, queue, now), seen[key]))
                 continue
-            seen.add(key)
+            seen[key] = columns["body_digest"]
             if consumer is None:
                 row = _kept_row(name, columns, queue, body, now)
             else:
@@ -496,6 +461,7 @@ def _together(
             fresh.append(run)
     tally.duplicates += len(runs) - len(fresh)
     counted += [(run[-1].consumer, "duplicate") for run in runs if run[-1].id is None]
+    differing += _differing([run[-1] for run in runs if run[-1].id is None], alias)
     kept = [row for _, consumer, *_, row in fresh if consumer is None]
     ordered = [row for _, consumer, *_, row in fresh if consumer and consumer.ordered]
     if ordered and _held_back(ordered, alias):
@@ -696,7 +662,9 @@ def _bytes(body: bytes | str) -> bytes:
 
 def _columns(envelope: dict) -> dict[str, str]:
     """The inbox columns of ``envelope``'s attributes (:data:`COLUMNS`; an
-    absent optional one: empty).
+    absent optional one: empty), and its ``body_digest``: the SHA-256 of
+    the envelope as JSON with sorted keys, so the same CloudEvent spaced or
+    ordered otherwise by its producer has the same one.
 
     Raises:
         UndecodableMessage: an attribute the inbox cannot store, named.
@@ -711,6 +679,8 @@ def _columns(envelope: dict) -> dict[str, str]:
                 f"the inbox cannot store this CloudEvent: {attribute} {problem}"
             )
         columns[column] = value
+    canonical = orjson.dumps(envelope, option=orjson.OPT_SORT_KEYS)
+    columns["body_digest"] = hashlib.sha256(canonical).hexdigest()
     return columns
 
 
@@ -804,6 +774,7 @@ def _keep(row: InboxMessage, alias: str) -> Tally:
     except IntegrityError as exc:
         if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
             consume_metrics.outcome(row.consumer, "duplicate")
+            _report_differing(_differing([row], alias))
             return Tally(duplicates=1)
         raise
     _log_kept([row])
@@ -819,6 +790,55 @@ def _log_kept(rows: list[InboxMessage]) -> None:
             "(recorded by another one): a process that has it runs them",
             len(rows),
             ", ".join(names),
+        )
+
+
+def _differing(
+    duplicates: Sequence[InboxMessage], alias: str
+) -> list[tuple[InboxMessage, str]]:
+    """Which of ``duplicates`` (rows not inserted: their key is taken) came
+    with another body than the message their key holds, each with that
+    first message's digest. One query, only when there are duplicates; a
+    row recorded before the inbox kept digests (an empty one) differs from
+    nothing."""
+    if not duplicates:
+        return []
+    first = dict(
+        ((consumer, source, message_id), digest)
+        for consumer, source, message_id, digest in InboxMessage.objects.using(alias)
+        .filter(  # the unique key's columns: its index finds them
+            consumer__in={row.consumer for row in duplicates},
+            source__in={row.source for row in duplicates},
+            message_id__in={row.message_id for row in duplicates},
+        )
+        .exclude(body_digest="")
+        .values_list(*KEY, "body_digest")
+    )
+    found = []
+    for row in duplicates:
+        digest = first.get((row.consumer, row.source, row.message_id))
+        if digest is not None and digest != row.body_digest:
+            found.append((row, digest))
+    return found
+
+
+def _report_differing(found: list[tuple[InboxMessage, str]]) -> None:
+    """Log (WARNING) and count each duplicate of :func:`_differing`: its
+    producer reused an id, or the message was altered on its way. The inbox
+    keeps the first one (handled, or kept to retry); this one is
+    acknowledged without running."""
+    for row, first in found:
+        consume_metrics.differing(row.consumer)
+        logger.warning(
+            "%s: message %s from %s arrived again with another body (SHA-256 "
+            "%s, the first one's %s): acknowledged as a duplicate without "
+            "running; the inbox keeps the first one",
+            row.consumer,
+            row.message_id,
+            row.source,
+            row.body_digest,
+            first,
+            extra={"consumer": row.consumer, "message_id": row.message_id},
         )
 
 
@@ -857,6 +877,7 @@ def _first(
     except IntegrityError as exc:
         if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
             consume_metrics.outcome(consumer.name, "duplicate")
+            _report_differing(_differing([row], alias))
             return Tally(duplicates=1)
         return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
     except Exception as exc:
@@ -938,6 +959,7 @@ def _failed(
     except IntegrityError:
         # Another consume process handled or recorded it meanwhile.
         consume_metrics.outcome(consumer.name, "duplicate")
+        _report_differing(_differing([row], alias))
         return Tally(duplicates=1)
     consume_metrics.failure(consumer.name, error_type)
     consume_metrics.outcome(consumer.name, "failed" if retry_at else "dead")

@@ -1,5 +1,7 @@
 """Which consumers this process has: ``@consumer`` functions, found in each
-installed app's ``consumers.py`` as handlers are in ``handlers.py``.
+installed app's ``consumers.py`` as handlers are in ``handlers.py``, and the
+:class:`ConsumeContext` each receives. It loads no model: ``consumer`` and
+``ConsumeContext`` import before Django's app registry is ready.
 
 A consumer's ``name`` is the stable key of its inbox rows: a message is handled
 once per consumer name, so renaming a consumer makes every message new to it.
@@ -7,6 +9,8 @@ once per consumer name, so renaming a consumer makes every message new to it.
 
 from __future__ import annotations
 
+import datetime
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +25,55 @@ _consumers: dict[str, Consumer] = {}
 
 
 @dataclass(frozen=True)
+class ConsumeContext:
+    """What a consumer receives besides the event.
+
+    Attributes:
+        message_id: the CloudEvents ``id`` (for outbox_app's producers, the
+            outbox event id): with ``source``, the inbox's deduplication key.
+        event_id: ``message_id`` as a UUID, or None if it is not one (a
+            foreign producer's id).
+        source: the producing service (CloudEvents ``source``: its
+            ``OUTBOX_NAMESPACE``); ids are unique per source.
+        event_type, revision: the type and payload revision (1 if absent).
+        payload: the CloudEvent's ``data``.
+        aggregate_type, aggregate_id, aggregate_version: the aggregate, if any
+            (``aggregatetype``, ``subject``, ``aggregateversion``).
+        tenant_id, action_id: ``tenantid``, ``actionid`` if any.
+        headers: ``correlation_id``, ``causation_id``, ``traceparent``,
+            ``tracestate`` when the message carries them.
+        occurred_at, deliver_at, expires_at: ``time``, ``deliverat``,
+            ``expiretime`` (aware datetimes) or None.
+        operation: the ``operation`` attribute (a tracked model's create,
+            update, delete, soft_delete), or None.
+        envelope: the whole CloudEvent as received.
+        attempt: 1 for the first run, 2 for the first retry, ...
+        consumer, queue: who runs it, and where it came from.
+    """
+
+    message_id: str
+    event_id: uuid.UUID | None
+    source: str
+    event_type: str
+    revision: int
+    payload: Any
+    aggregate_type: str | None
+    aggregate_id: str | None
+    aggregate_version: int | None
+    tenant_id: str | None
+    action_id: str | None
+    headers: dict[str, str]
+    occurred_at: datetime.datetime | None
+    deliver_at: datetime.datetime | None
+    expires_at: datetime.datetime | None
+    operation: str | None
+    envelope: dict[str, Any]
+    attempt: int
+    consumer: str
+    queue: str
+
+
+@dataclass(frozen=True)
 class Consumer:
     """One ``@consumer``: ``fn(event, context)`` for the messages of its types
     arriving on its queue.
@@ -29,7 +82,7 @@ class Consumer:
         name: stable key of its inbox rows.
         fn: the callable; it receives the rebuilt event (an ``Event`` instance,
             or the CloudEvent's ``data`` dict for a type no class defines) and a
-            :class:`~outbox_app.inbox.receive.ConsumeContext`.
+            :class:`ConsumeContext`.
         event_types: the types it receives; ``None``: every type.
         queue: the queue it reads (declared durable, bound to
             ``OUTBOX_INBOX_EXCHANGE`` with ``bindings``).

@@ -168,8 +168,10 @@ def parse(body: bytes | str) -> dict[str, Any]:
         The envelope, a dict with at least the required attributes, as strings.
 
     Raises:
-        UndecodableMessage: not JSON, not an object, or a required attribute
-            is missing or not a non-empty string.
+        UndecodableMessage: not JSON, not an object, a required attribute
+            missing or not a non-empty string, or a ``specversion`` other
+            than ``"1.0"`` (another version's attributes mean other things:
+            0.3's ``schemaurl`` and ``datacontentencoding``, say).
     """
     try:
         envelope = orjson.loads(body)
@@ -189,6 +191,11 @@ def parse(body: bytes | str) -> dict[str, Any]:
         raise UndecodableMessage(
             f"not a CloudEvent: no {', '.join(missing)} (a string each); "
             f"attributes: {', '.join(sorted(envelope)) or 'none'}"
+        )
+    if envelope["specversion"] != SPECVERSION:
+        raise UndecodableMessage(
+            f"specversion is {envelope['specversion']!r}; the inbox reads "
+            f"CloudEvents {SPECVERSION} only"
         )
     return envelope
 

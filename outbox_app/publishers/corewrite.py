@@ -30,8 +30,11 @@ Keys, always these (``PREVIOUS_PAYLOAD`` on updates only):
   values, a delete's last values, each with the primary key, keyed by
   attribute name; the payload of any other event as published;
 - ``PREVIOUS_PAYLOAD``: an update's previous values of the changed fields;
-- ``METADATA``: the ``acting()`` metadata, ``{}`` without; ``USER``: the
-  actor as text, or null;
+- ``METADATA``: the ``acting()`` metadata, ``{}`` without; a tracked
+  change shrunk to fit ``OUTBOX_MAX_PAYLOAD_BYTES`` adds ``"omitted"``, the
+  names of the fields it left out of ``PAYLOAD`` and ``PREVIOUS_PAYLOAD``
+  (sorted; over an ``acting()`` key of that name): the subscriber reads
+  them from the source. ``USER``: the actor as text, or null;
 - ``CREATED_AT``: when the event was published, ``YYYYMMDDHHMMSS`` in UTC;
   ``STATUS``: ``"PUBLISHED"``.
 
@@ -82,10 +85,13 @@ def to_corewrite(context: DeliveryContext) -> dict[str, Any]:
         "OPERATION": operation(context.operation),
         "PAYLOAD": context.payload,
     }
+    metadata = headers.get("metadata") or {}
     tracked = _tracked(context)
     if tracked is not None:
         event.update(tracked)
-    event["METADATA"] = headers.get("metadata") or {}
+        if context.payload.get("omitted"):
+            metadata = {**metadata, "omitted": context.payload["omitted"]}
+    event["METADATA"] = metadata
     event["USER"] = (
         None
         if actor is None

@@ -64,7 +64,6 @@ from django.db import router, transaction
 
 from ..events.types import Event
 from ..exceptions import AggregateVersionConflict
-from ..store.models import OutboxEvent
 from .outbox import publish
 
 _translators: list[tuple[type, Callable[[Any, Any], Any]]] = []
@@ -284,6 +283,8 @@ class RecordsEvents:
             return
         pending[:] = [p for p in pending if p not in lost]
         rows = [p[4] for p in lost if p[4] is not None]
+        from ..store.models import OutboxEvent
+
         committed = set(
             OutboxEvent.objects.using(using)
             .filter(id__in=rows)

@@ -4,6 +4,10 @@ The rows commit with the caller's ORM writes or not at all. Nothing is sent from
 here: after the commit, and only then, one wake-up per transaction is signalled
 (``transaction.on_commit(..., robust=True)``) so a relay can start at once; the
 relay's own polling is what guarantees delivery.
+
+This module loads no model when imported (the outbox model is imported
+where it is used), so ``publish``, ``acting``, ``outbox_action`` and
+``events_committed`` import before Django's app registry is ready.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django.dispatch
 from django.db import IntegrityError, connections, models, router, transaction
@@ -25,6 +29,7 @@ from django.utils import timezone
 
 from ..conf import outbox_settings
 from ..events.codec import encode, to_json
+from ..events.ids import new_event_id
 from ..events.text import require_storable
 from ..events.types import Event, validate_event_type
 from ..exceptions import (
@@ -37,8 +42,10 @@ from ..exceptions import (
 )
 from ..execution import tracing
 from ..store.gateway import streaming
-from ..store.models import AGGREGATE_VERSION_UNIQUE, OutboxEvent, new_event_id
 from ..store.sql import PRIMARY_KEY, dialect
+
+if TYPE_CHECKING:
+    from ..store.models import OutboxEvent
 
 logger = logging.getLogger("outbox_app.publishing.outbox")
 
@@ -70,6 +77,8 @@ class _Action:
     def wrote(self) -> bool:
         """Whether a row of this action is still in its transaction: known
         without a query unless a write ran in a savepoint the block opened."""
+        from ..store.models import OutboxEvent
+
         for alias, nested in self.published.items():
             if not nested:
                 return True
@@ -217,7 +226,8 @@ def publish(
         for alias in aliases[1:]:
             # A row knows its one database: each alias gets rows of its own,
             # holding the same values (so ``texts`` still holds their JSON).
-            copies = [_row({f: getattr(row, f) for f in _UNSET}) for row in rows]
+            fields = _unset()[1]
+            copies = [_row({f: getattr(row, f) for f in fields}) for row in rows]
             _write(copies, texts, alias)
             written += copies
     return written
@@ -297,6 +307,8 @@ def outbox_action(
             nothing, outside ``transaction.atomic`` on ``using``.
         InvalidPayload: ``params`` is not JSON-serialisable.
     """
+    from ..store.models import OutboxEvent
+
     validate_event_type(name)
     params_json, _ = to_json(
         dict(params or {}), name, outbox_settings.MAX_PAYLOAD_BYTES
@@ -356,6 +368,8 @@ def _alias(aggregate: Aggregate, using: str | None) -> str:
         return using
     if isinstance(aggregate, models.Model) and aggregate._state.db:
         return aggregate._state.db
+    from ..store.models import OutboxEvent
+
     return router.db_for_write(OutboxEvent)
 
 
@@ -384,14 +398,17 @@ def _aggregate_key(aggregate: Aggregate) -> tuple[str | None, str | None]:
             f"aggregate_id) pair, got {aggregate!r}"
         )
     return (
-        require_storable(key[0], "aggregate_type", _AGGREGATE_TYPE_LENGTH),
-        require_storable(key[1], "aggregate_id", _AGGREGATE_ID_LENGTH),
+        require_storable(key[0], "aggregate_type", _max_length("aggregate_type")),
+        require_storable(key[1], "aggregate_id", _max_length("aggregate_id")),
     )
 
 
-_AGGREGATE_TYPE_LENGTH = OutboxEvent._meta.get_field("aggregate_type").max_length
-_AGGREGATE_ID_LENGTH = OutboxEvent._meta.get_field("aggregate_id").max_length
-_TENANT_LENGTH = OutboxEvent._meta.get_field("tenant_id").max_length
+@functools.cache
+def _max_length(name: str) -> int:
+    """The ``max_length`` of the outbox's column ``name``."""
+    from ..store.models import OutboxEvent
+
+    return OutboxEvent._meta.get_field(name).max_length
 
 
 def _schedule(deliver_at, expires_at) -> dict[str, datetime.datetime | None]:
@@ -439,7 +456,7 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     text that stores it (encoded once, when it was validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     if isinstance(tenant_id, str):
-        require_storable(tenant_id, "tenant_id", _TENANT_LENGTH)
+        require_storable(tenant_id, "tenant_id", _max_length("tenant_id"))
     max_bytes = outbox_settings.MAX_PAYLOAD_BYTES
     if headers is not None and not isinstance(headers, Mapping):
         raise InvalidPayload(
@@ -533,6 +550,8 @@ def _insert(
         with connection.cursor() as cursor:
             cursor.execute(_insert_sql(alias, len(rows), action, extra, stream), params)
     except IntegrityError as exc:
+        from ..store.models import AGGREGATE_VERSION_UNIQUE, OutboxEvent
+
         violated = dialect(alias).violated_constraint(exc, OutboxEvent)
         if violated == AGGREGATE_VERSION_UNIQUE:
             raise DuplicateAggregateVersion(
@@ -549,8 +568,14 @@ def _insert(
         row._state.adding, row._state.db = False, alias
 
 
-#: Every field of the outbox table, None unless given.
-_UNSET = dict.fromkeys(f.attname for f in OutboxEvent._meta.concrete_fields)
+@functools.cache
+def _unset() -> tuple[type[OutboxEvent], dict[str, None]]:
+    """The outbox model, and every field of its table, None unless given."""
+    from ..store.models import OutboxEvent
+
+    return OutboxEvent, dict.fromkeys(
+        f.attname for f in OutboxEvent._meta.concrete_fields
+    )
 
 
 def _row(values: dict[str, Any]) -> OutboxEvent:
@@ -561,8 +586,9 @@ def _row(values: dict[str, Any]) -> OutboxEvent:
     ``post_init`` signals): ``__init__`` was a third of a ``publish()``'s
     Python time (bench/RESULTS.md, publish overhead).
     """
-    row = OutboxEvent.__new__(OutboxEvent)
-    row.__dict__.update(_UNSET, **values)
+    model, unset = _unset()
+    row = model.__new__(model)
+    row.__dict__.update(unset, **values)
     row._state = ModelState()
     return row
 
@@ -584,6 +610,8 @@ def _columns(
     booleans: ``get_db_prep_save`` would return them unchanged), per
     database. ``position`` and ``txid`` are not among them: the database
     fills them; nor is ``fanned_out``, a literal of the statement."""
+    from ..store.models import OutboxEvent
+
     native_uuid = connections[alias].features.has_native_uuid_field
     return tuple(
         (
@@ -604,6 +632,8 @@ def _insert_sql(alias: str, count: int, action: bool, extra: bool, stream: bool)
     positions in the statement where the database wants them there
     (:meth:`~outbox_app.store.sql.base.Dialect.positions`); ``fanned_out``
     NULL for stream delivery (``stream``), FALSE for row delivery."""
+    from ..store.models import OutboxEvent
+
     quote = connections[alias].ops.quote_name
     table = quote(OutboxEvent._meta.db_table)
     names = [quote(f.column) for f, _ in _columns(alias, action, extra)]
@@ -647,6 +677,8 @@ class _Waker:
         self.__qualname__ = f"outbox wake-up ({alias})"
 
     def __call__(self) -> None:
+        from ..store.models import OutboxEvent
+
         for receiver, result in events_committed.send_robust(
             sender=OutboxEvent, using=self.alias
         ):

@@ -22,7 +22,8 @@ Why a class decorator (``pghistory.track()``, ``auditlog.register()``): the
 model stays a plain model, tracking is visible where the model is defined, and
 nothing else in the project changes. Values are keyed by attribute name
 (``category_id`` for a foreign key: its id) and encoded as payloads are
-(Decimal, dates, UUID as text); a file field is its name.
+(Decimal, dates, UUID as text); a file field is its name; a NaN or infinite
+float as the text ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
 
 How each write is covered, so no write escapes silently:
 
@@ -62,7 +63,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime
+import decimal
 import functools
+import math
 import re
 import sys
 import threading
@@ -495,9 +498,28 @@ def _stored(field: models.Field, value: Any) -> bool:
 
 def _plain(field: models.Field, value: Any) -> Any:
     """A value as payloads carry it: a file field as its name (None when
-    empty, stored or not)."""
+    empty, stored or not); a float JSON has no number for as its text
+    (:func:`_spelled`)."""
     if isinstance(field, models.FileField):
         return (value.name if isinstance(value, FieldFile) else value) or None
+    return _spelled(value)
+
+
+def _spelled(value: Any) -> Any:
+    """``value`` with each NaN, Infinity and -Infinity float, in lists and
+    objects too (an array column), as the text ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``: the words a Decimal's text and JSON codecs that carry
+    them (protobuf's JSON mapping) use. JSON has no number for them, yet the
+    database holds them (PostgreSQL's ``double precision``; Infinity in
+    SQLite's ``REAL``): the row's writes publish them as text, never refused.
+    Text compares equal where NaN never does, so an unchanged NaN is no
+    change."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(decimal.Decimal(value))
+    if isinstance(value, list):
+        return [_spelled(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _spelled(item) for key, item in value.items()}
     return value
 
 

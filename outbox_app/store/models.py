@@ -559,6 +559,17 @@ class InboxMessage(models.Model):
         default="",
         help_text=_("The message as received; kept until it is handled."),
     )
+    body_digest = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_(
+            "SHA-256 of the CloudEvent first received under this key (its JSON "
+            "with sorted keys): another body under this id is a differing "
+            "duplicate, logged and counted."
+        ),
+    )
     last_error = models.TextField(blank=True, default="")
     last_error_type = models.CharField(max_length=255, blank=True, default="")
     last_traceback = models.TextField(blank=True, default="")

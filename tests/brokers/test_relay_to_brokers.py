@@ -419,3 +419,27 @@ def test_a_corewrite_subscriber_reads_tracked_changes_from_a_fanout_exchange(
         "gadget.post",
         "gadget.delete",
     ]
+
+
+def test_a_corewrite_subscriber_is_told_which_fields_a_large_row_left_out(
+    rabbitmq, settings, unique
+):
+    from outbox_app import acting
+    from tests.testapp.models import Product
+
+    queue = rabbitmq.bind(f"{unique}-replica", unique, exchange_type="fanout")
+    configure(
+        settings, rabbitmq.url, unique, EXCHANGE_TYPE="fanout", FORMAT="corewrite"
+    )
+    settings.OUTBOX_MAX_PAYLOAD_BYTES = 180  # the row's values take about 220
+    with acting("ana@example.com", source="catalog"):
+        product = Product.objects.create(name="x" * 45, price=1, leaflet="l" * 90)
+        product.leaflet = "m" * 90  # a change of the left-out field alone
+        product.save()
+    assert relay_once(kind="publisher").succeeded == 2
+    created, updated = (json.loads(m.body) for m in rabbitmq.drain(queue))
+    assert "leaflet" not in created["PAYLOAD"]
+    assert created["METADATA"] == {"source": "catalog", "omitted": ["leaflet"]}
+    # Without the names this update would read as no change at all.
+    assert (updated["PAYLOAD"], updated["PREVIOUS_PAYLOAD"]) == ({"id": product.pk}, {})
+    assert updated["METADATA"] == {"source": "catalog", "omitted": ["leaflet"]}

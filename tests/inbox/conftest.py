@@ -53,6 +53,20 @@ def message(
 
 
 @pytest.fixture
+def metrics(monkeypatch):
+    """``consume_metrics`` enabled for the test, on a registry of its own
+    (read with ``get_sample_value``); disabled again afterwards."""
+    from prometheus_client import CollectorRegistry
+
+    from outbox_app.execution.metrics import consume_metrics
+
+    registry = CollectorRegistry()
+    monkeypatch.setattr(consume_metrics, "enabled", False)
+    consume_metrics.enable(None, registry=registry)
+    return registry
+
+
+@pytest.fixture
 def consumer():
     """Register consumers on QUEUE for one test."""
     names = []

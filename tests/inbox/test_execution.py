@@ -10,11 +10,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry
 
 from outbox_app import InboxMessage
 from outbox_app.execution import tracing
-from outbox_app.execution.metrics import consume_metrics
 from outbox_app.inbox import receive, receive_batch, retry_due
 from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
@@ -22,16 +20,6 @@ from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def metrics(monkeypatch):
-    """``consume_metrics`` enabled for the test, on a registry of its own
-    (read with ``get_sample_value``); disabled again afterwards."""
-    registry = CollectorRegistry()
-    monkeypatch.setattr(consume_metrics, "enabled", False)
-    consume_metrics.enable(None, registry=registry)
-    return registry
 
 
 def test_a_consumer_past_its_timeout_is_failed_and_retried(consumer):

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from outbox_app import InboxMessage
-from outbox_app.inbox import receive, receive_batch, retry_due
+from outbox_app.inbox import Tally, receive, receive_batch, retry_due
 from outbox_app.store.lifecycle import InboxState
 from tests.inbox.conftest import LATER, QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
@@ -95,6 +95,8 @@ POISON = [
     ("aggregatetype", "shop.\x00Order", "aggregatetype holds a NUL character"),
     ("aggregatetype", {"a": 1}, "aggregatetype is not a string (dict)"),
     ("aggregatetype", "a" * 151, "aggregatetype is 151 characters long"),
+    ("specversion", "0.3", "specversion is '0.3'; the inbox reads CloudEvents 1.0"),
+    ("specversion", "2.0", "specversion is '2.0'; the inbox reads CloudEvents 1.0"),
 ]
 
 
@@ -111,9 +113,10 @@ def test_a_cloudevent_the_inbox_cannot_store_is_parked_and_the_batch_goes_on(
     parked = InboxMessage.objects.get(state=InboxState.DEAD)
     assert parked.last_error_type == UNDECODABLE
     assert reason in parked.last_error
-    # Keyed by the body's digest when (source, id) is no usable key.
+    # Keyed by the body's digest when (source, id) is no usable key, or the
+    # body is not read as a CloudEvent at all (another specversion's).
     envelope = json.loads(poison)
-    if attribute in ("id", "source"):
+    if attribute in ("id", "source", "specversion"):
         assert (parked.source, parked.message_id) == (
             "",
             hashlib.sha256(poison).hexdigest(),
@@ -180,6 +183,62 @@ def test_the_context_and_the_admin_show_the_source(consumer, admin_client):
     assert (row.state, row.body) == (InboxState.HANDLED, "")  # no body to show it
     page = admin_client.get(f"/admin/outbox_app/inboxmessage/{row.id}/change/")
     assert b"billing-service" in page.content
+    # What a differing duplicate's WARNING compares with.
+    assert len(row.body_digest) == 64 and row.body_digest.encode() in page.content
     listing = admin_client.get("/admin/outbox_app/inboxmessage/")
     assert listing.status_code == 200
     assert "billing-service" in listing.content.decode()  # the source filter
+
+
+def test_an_id_received_again_with_another_body_is_logged_and_counted(
+    consumer, metrics, caplog
+):
+    """The first message of an id is the one that ran; another body under
+    that id (a producer reusing ids, a tampered message) is acknowledged as
+    a duplicate, with a WARNING and a count, in a batch and alone. The same
+    event spaced or ordered otherwise is the same body."""
+
+    @consumer(OrderPlaced, name="once", max_attempts=3)
+    def once(event, context):
+        if event.order_id == 13:
+            raise ValueError("unlucky")
+        SideEffect.objects.create(
+            handler="once", event_id=uuid.uuid4(), position=event.order_id
+        )
+
+    def differing() -> float:
+        value = metrics.get_sample_value(
+            "outbox_consume_differing_duplicates_total", {"consumer": "once"}
+        )
+        return value or 0.0
+
+    def warned() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        caplog.clear()
+        return [line for line in lines if "another body" in line]
+
+    same = uuid.uuid4()
+    first, other = message(1, event_id=same), message(2, event_id=same)
+    assert receive(first, QUEUE, mine()).handled == 1
+    assert receive(other, QUEUE, mine()).duplicates == 1
+    [line] = warned()
+    assert f"once: message {same} from shop arrived again" in line
+    assert "the inbox keeps the first one" in line
+    assert differing() == 1
+    assert receive_batch(batch_of(other), {QUEUE: mine()}).duplicates == 1
+    assert len(warned()) == 1 and differing() == 2
+    # The same event again, and as another producer's JSON would write it.
+    reordered = json.dumps(dict(reversed(json.loads(first).items())), indent=2)
+    assert receive_batch(batch_of(first, reordered.encode()), {QUEUE: mine()}) == (
+        Tally(duplicates=2)
+    )
+    assert receive(reordered, QUEUE, mine()).duplicates == 1
+    assert warned() == [] and differing() == 2
+    # Both bodies new in one batch: the first runs. A failing consumer sends
+    # the batch message by message: still one line and one count.
+    again = uuid.uuid4()
+    bodies = message(3, event_id=again), message(13), message(4, event_id=again)
+    tally = receive_batch(batch_of(*bodies), {QUEUE: mine()})
+    assert (tally.handled, tally.failed, tally.duplicates) == (1, 1, 1)
+    assert len(warned()) == 1 and differing() == 3
+    assert effects("once") == [1, 3]

@@ -5,10 +5,11 @@ refused before anything is written."""
 from __future__ import annotations
 
 import decimal
+import math
 
 import pytest
 from django.core.files.base import ContentFile
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.utils import timezone
@@ -570,6 +571,104 @@ def test_a_row_over_the_payload_cap_is_saved_with_its_largest_values_omitted(
     OutboxEvent.objects.all().delete()
     Product.objects.filter(pk=product.pk).update(leaflet="n" * 90)
     assert [e.payload["omitted"] for e in events()] == [["leaflet"]]
+
+
+#: Floats JSON has no number for, as change events spell them (as a Decimal's
+#: text spells them: the same words).
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: What a database's float column refuses itself: its own error, nothing
+#: written (SQLite stores NaN as NULL; MariaDB's DOUBLE has neither).
+REFUSED_BY_THE_DATABASE = {
+    "sqlite": {"NaN"},
+    "mysql": {"NaN", "Infinity", "-Infinity"},
+}
+
+
+@pytest.fixture
+def reading_model():
+    """A tracked model with a float column, its table made for the test."""
+    from outbox_app import track
+    from outbox_app.publishing import tracking
+
+    fields = {
+        "__module__": __name__,
+        "label": models.CharField(max_length=20),
+        "value": models.FloatField(),
+        "Meta": type("Meta", (), {"app_label": "testapp"}),
+    }
+    if connection.vendor == "postgresql":  # an array column: NaN in a list
+        from django.contrib.postgres.fields import ArrayField
+
+        fields["series"] = ArrayField(models.FloatField(), default=list)
+    with isolate_apps("tests.testapp"):
+        Reading = track(type("Reading", (models.Model,), fields))
+        with connection.schema_editor() as editor:
+            editor.create_model(Reading)
+        try:
+            yield Reading
+        finally:
+            with connection.schema_editor() as editor:
+                editor.delete_model(Reading)
+            del tracking._tracked[Reading]
+
+
+@pytest.mark.parametrize("spelling", NON_FINITE)
+def test_a_row_holding_nan_or_infinity_is_written_and_deleted_as_any_other(
+    reading_model, spelling
+):
+    Reading, value = reading_model, NON_FINITE[spelling]
+    if spelling in REFUSED_BY_THE_DATABASE.get(connection.vendor, ()):
+        with pytest.raises(DatabaseError):
+            Reading.objects.create(label="probe", value=value)
+        assert not Reading.objects.exists() and events() == []
+        return
+    reading = Reading.objects.create(label="probe", value=value)
+    pk = reading.pk
+    [(created, payload)] = gadget_events()
+    assert created == "ReadingCreated" and payload["pk"] == pk
+    assert (payload["values"]["label"], payload["values"]["value"]) == (
+        "probe",
+        spelling,
+    )
+    reading.label = "renamed"
+    reading.save()
+    reading.save()  # nothing changed, NaN included: nothing published
+    assert gadget_events() == [
+        (
+            "ReadingUpdated",
+            {"pk": pk, "changed": {"label": "renamed"}, "previous": {"label": "probe"}},
+        )
+    ]
+    Reading.objects.filter(pk=pk).update(value=1.5)
+    Reading.objects.filter(pk=pk).update(value=value)
+    assert [payload for _, payload in gadget_events()] == [
+        {"pk": pk, "changed": {"value": 1.5}, "previous": {"value": spelling}},
+        {"pk": pk, "changed": {"value": spelling}, "previous": {"value": 1.5}},
+    ]
+    Reading.objects.get(pk=pk).delete()
+    Reading.objects.bulk_create([Reading(label="a", value=value)])
+    Reading.objects.create(label="b", value=value)
+    Reading.objects.all().delete()
+    assert [(t, p["values"]["value"]) for t, p in gadget_events()] == [
+        ("ReadingDeleted", spelling),
+        ("ReadingCreated", spelling),
+        ("ReadingCreated", spelling),
+        ("ReadingDeleted", spelling),
+        ("ReadingDeleted", spelling),
+    ]
+    assert not Reading.objects.exists()
+
+
+@pytest.mark.only_database("postgresql")
+def test_nan_and_infinity_in_an_array_column_are_spelled_alike(reading_model):
+    reading = reading_model.objects.create(
+        label="probe", value=0.5, series=[math.nan, 1.5, -math.inf]
+    )
+    reading.delete()
+    assert [p["values"]["series"] for _, p in gadget_events()] == [
+        ["NaN", 1.5, "-Infinity"],
+        ["NaN", 1.5, "-Infinity"],
+    ]
 
 
 def test_tracking_is_opt_in_per_model_not_a_patch_of_every_queryset():

@@ -117,3 +117,30 @@ def test_the_format_is_chosen_per_publisher_and_spells_the_routing_key():
     used = template_fields("bus", "ROUTING_KEY", key)
     assert render(key, used, make(), corewrite) == "gadget.patch"
     assert render(key, used, make()) == "gadget.update"
+
+
+def test_a_tracked_change_names_the_fields_it_left_out_in_its_metadata():
+    # A row over OUTBOX_MAX_PAYLOAD_BYTES: its largest values are left out of
+    # the event and named; the subscriber reads them from the source.
+    create = to_corewrite(
+        make(
+            operation="create",
+            payload={"pk": 11, "values": {"name": "Lamp"}, "omitted": ["manual"]},
+        )
+    )
+    assert list(create) == KEYS
+    assert create["PAYLOAD"] == {"id": 11, "name": "Lamp"}
+    assert create["METADATA"] == {"path": "/gadgets/123", "omitted": ["manual"]}
+    update = to_corewrite(
+        make(payload={"pk": 11, "changed": {}, "previous": {}, "omitted": ["manual"]})
+    )
+    assert (update["PAYLOAD"], update["PREVIOUS_PAYLOAD"]) == ({"id": 11}, {})
+    assert update["METADATA"]["omitted"] == ["manual"]
+    # The outbox's names win over an acting() key of the same name; a change
+    # that left nothing out has none of its own.
+    clash = make(
+        headers={"metadata": {"omitted": "mine"}},
+        payload={"pk": 11, "changed": {}, "previous": {}, "omitted": ["manual"]},
+    )
+    assert to_corewrite(clash)["METADATA"] == {"omitted": ["manual"]}
+    assert "omitted" not in to_corewrite(make())["METADATA"]

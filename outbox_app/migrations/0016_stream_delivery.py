@@ -55,7 +55,7 @@ def drop_transaction_id(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("outbox_app", "0014_partial_indexes"),
+        ("outbox_app", "0015_inbox_body_digest"),
     ]
 
     operations = [
