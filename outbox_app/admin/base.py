@@ -102,7 +102,11 @@ class ReadOnly:
 
 
 class OutboxAdminBase(ReadOnly):
-    """Read-only pages plus the requeue permission and the admin log."""
+    """Read-only pages plus the requeue permission and the admin log; lists
+    whose long words wrap (``static/outbox_app/admin.css``)."""
+
+    class Media:
+        css = {"all": ["outbox_app/admin.css"]}
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         """``outbox_app.requeue_delivery``: requeue, retry, dead-letter, replay."""
