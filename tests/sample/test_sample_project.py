@@ -23,12 +23,13 @@ import pytest
 
 from tests.conftest import require_service
 from tests.processes import Watched
+from tests.services import RABBITMQ_URL
 
 #: The shop runs on a database of the vendor under test (see above).
 pytestmark = pytest.mark.every_database
 
 ROOT = Path(__file__).resolve().parents[2]
-RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+RABBITMQ = RABBITMQ_URL
 
 
 def _admin(config: dict, sql: str) -> None:
