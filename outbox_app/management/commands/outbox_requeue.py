@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from outbox_app.exceptions import OutboxError
+from outbox_app.management.base import OutboxCommand
 from outbox_app.ops import subscriptions
 from outbox_app.store.lifecycle import REQUEUEABLE, State
 
@@ -31,7 +32,7 @@ def _moment(text: str) -> datetime.datetime:
 _moment.__name__ = "date"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Requeue a subscriber's failed and/or dead deliveries: they become "
         "PENDING and due now, with their attempts reset; the last error is kept "

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 from django.db.models import Count
 from django.test import Client
@@ -28,6 +28,7 @@ from django.test import Client
 from outbox_app import Delivery, OutboxEvent
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
+from outbox_app.management.base import OutboxCommand
 from outbox_app.relay import relay_once
 from outbox_app.relay.registry import subscribers
 from outbox_app.store.lifecycle import State
@@ -45,7 +46,7 @@ UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED)
 BROKER = "broker"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Simulate shop traffic through the shop's JSON views (Django's test Client "
         "in --concurrency threads: real views, real transactions): orders placed, "
