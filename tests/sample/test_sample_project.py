@@ -119,6 +119,18 @@ def test_simulate_reconciles(simulation):
     assert "50/50 orders" in simulation.stderr
 
 
+def test_expected_dead_letters_are_counted_not_logged(simulation):
+    """The payments shop.fraud_check rejects on purpose are the table's
+    dead(exp), not ERROR lines written over the progress bar: stderr holds
+    the progress bar and the wait, nothing else."""
+    assert simulation.returncode == 0, simulation.stdout + simulation.stderr
+    shown = [part for part in re.split(r"[\r\n]", simulation.stderr) if part.strip()]
+    progress = re.compile(
+        r"\[[#.]{30}\] \d+/\d+ orders|waiting for delivery: \d+ outstanding\s*"
+    )
+    assert shown and all(progress.fullmatch(part) for part in shown), shown
+
+
 def test_business_rule_failure_expires_as_expected(shop_env, simulation):
     assert simulation.returncode == 0, simulation.stdout + simulation.stderr
     row = next(
