@@ -32,6 +32,9 @@ TAGS = {
     " the page's app blocks make a fresh project of their own (migrate --run-syncdb,"
     " check), in which its app-run blocks run",
     "app-run": "executed, in order, in the project the page's app blocks make",
+    "kubernetes": "a Kubernetes manifest: parsed (PyYAML) and whole (apiVersion,"
+    " kind, name; a Deployment's selector matches its pods' labels; each"
+    " container has an image); its manage.py commands exist",
     "tour": "a step of the README's five-minute tour that needs RabbitMQ: run with"
     " the tour's other blocks, in order, in one new project"
     " (tests/docs/test_fresh_project.py)",
