@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 import configparser
 import functools
+import importlib.machinery
 import importlib.metadata
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -110,11 +110,17 @@ def _distribution(module: str) -> str | None:
     library, this repository's own code and modules a page defines."""
     if module.split(".")[0] in sys.stdlib_module_names:
         return None
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None  # a page's own app (shop, billing)
-    if spec is None or spec.origin is None:
+    # Found on sys.path, as a fresh process would (not in sys.modules, where
+    # a test may have left a stand-in).
+    spec = None
+    locations = None
+    for part in module.split("."):
+        name = f"{spec.name}.{part}" if spec else part
+        spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        if spec is None:
+            return None  # a page's own app (shop, billing)
+        locations = spec.submodule_search_locations
+    if spec.origin is None:
         return None
     origin = Path(spec.origin).resolve()
     if ROOT in origin.parents and ".venv" not in origin.parts:
