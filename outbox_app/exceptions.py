@@ -8,6 +8,8 @@ keep working.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -251,10 +253,34 @@ class UnknownTransition(OutboxError, ValueError):
 
 
 class SubscriptionInUse(OutboxError):
-    """Retiring a subscription a running relay still has (it refreshed the row
-    within ``SERVED_SECONDS``, five minutes): its subscriber would silently
-    stop receiving new events. Retire it once the code without it is deployed
-    everywhere, or pass ``force`` (``--force``)."""
+    """Retiring a subscription a running relay (or ``consume`` process) may
+    still have: something refreshed the row within ``SERVED_SECONDS``, five
+    minutes (a running process does every minute; ``outbox_subscribers
+    --record`` does too), and its subscriber would silently stop receiving
+    new events. Retire it once the code without it is deployed everywhere, or
+    pass ``force`` (``--force``).
+
+    Args:
+        process: what refreshes such rows while it runs (``"relay"``,
+            ``"consume process"``).
+        refreshed: ``(subscription, seconds ago, by whom)`` of each row, as
+            the message names them: who refreshed it and when, whichever
+            command it was.
+        minutes: how long after a refresh a row counts as in use.
+    """
+
+    def __init__(
+        self, process: str, refreshed: Sequence[tuple[str, float, str]], minutes: int
+    ):
+        listing = "; ".join(
+            f"{what} was refreshed {max(seconds, 0):.0f} s ago by {by or '?'}"
+            for what, seconds, by in refreshed
+        )
+        super().__init__(
+            f"{listing}. Until nothing refreshed it for {minutes} minutes it "
+            f"counts as in use (a running {process} refreshes it every minute): "
+            f"retire it once no {process} has it (or force it)"
+        )
 
 
 # --- operating --------------------------------------------------------------------

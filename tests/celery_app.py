@@ -8,14 +8,13 @@ import os
 from celery import Celery
 
 from outbox_app.tasks import beat_schedule
+from tests.services import RABBITMQ_URL
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 app = Celery("outbox_tests")
 app.conf.update(
-    broker_url=os.environ.get(
-        "OUTBOX_TEST_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"
-    ),
+    broker_url=os.environ.get("OUTBOX_TEST_CELERY_BROKER", RABBITMQ_URL),
     # One queue per test run, so a run never sees another's messages.
     task_default_queue=os.environ.setdefault(
         "OUTBOX_TEST_CELERY_QUEUE", f"outbox-tests-{os.getpid()}"

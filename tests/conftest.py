@@ -12,24 +12,24 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
+from outbox_app.conf import mask_url
 from outbox_app.publishing.outbox import events_committed
+from tests.services import (
+    NATS_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    address,
+    kombu_answers,
+    port_open,
+)
 
 CHROMIUM = "/usr/bin/chromium"
-
-
-def port_open(address: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(address, timeout=2).close()
-    except OSError:
-        return False
-    return True
 
 
 def _chromium() -> bool:
@@ -50,18 +50,24 @@ def _kafka() -> bool:
     return binary() is not None
 
 
-#: service -> (what it is, where, a probe)
+#: service -> (what it is, where, a probe). The brokers' URLs come from the
+#: environment (tests/services.py): OUTBOX_TEST_RABBITMQ_URL, ..._REDIS_URL,
+#: ..._NATS_URL.
 SERVICES = {
     "rabbitmq": (
         "RabbitMQ",
-        "127.0.0.1:5672 (guest/guest)",
-        lambda: port_open(("127.0.0.1", 5672)),
+        f"{mask_url(RABBITMQ_URL)} (OUTBOX_TEST_RABBITMQ_URL)",
+        lambda: kombu_answers(RABBITMQ_URL),
     ),
-    "redis": ("Redis", "127.0.0.1:6379", lambda: port_open(("127.0.0.1", 6379))),
+    "redis": (
+        "Redis",
+        f"{mask_url(REDIS_URL)} (OUTBOX_TEST_REDIS_URL)",
+        lambda: kombu_answers(REDIS_URL),
+    ),
     "nats": (
         "NATS",
-        "127.0.0.1:4222 (nats-server -js)",
-        lambda: port_open(("127.0.0.1", 4222)),
+        f"{mask_url(NATS_URL)} (OUTBOX_TEST_NATS_URL; nats-server -js)",
+        lambda: port_open(address(NATS_URL)),
     ),
     "kafka": (
         "tansu (a Kafka-protocol broker the tests start)",

@@ -207,7 +207,7 @@ def loopback_only(port: int, timeout: float = 60) -> bool:
     that address alone. 127.0.0.2 is loopback too (Linux routes all of
     127/8), so a server bound to every interface accepts it, and one bound
     to 127.0.0.1 refuses it."""
-    from tests.conftest import port_open
+    from tests.services import port_open
 
     wait_for(lambda: port_open(("127.0.0.1", port)), timeout, f"port {port}")
     return not port_open(("127.0.0.2", port))

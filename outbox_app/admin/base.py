@@ -11,11 +11,12 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth import get_permission_codename
 from django.contrib.contenttypes.models import ContentType
+from django.db.models import Q
 from django.http import (
     HttpRequest,
 )
 from django.utils.html import format_html
-from django.utils.text import Truncator
+from django.utils.text import Truncator, smart_split, unescape_string_literal
 
 from ..store.lifecycle import State
 from ..store.models import Delivery
@@ -87,6 +88,18 @@ def pre(text: str):
     return format_html('<pre class="outbox-text">{}</pre>', text)
 
 
+def error_words(term: str) -> Q:
+    """Rows whose ``last_error`` holds every word of ``term``, in any case and
+    order ("quoted words" as one), as Django's admin search reads a term: how
+    the deliveries' and the inbox's lists search "words of the last error"."""
+    query = Q()
+    for word in smart_split(term):
+        if word[0] in "\"'" and word[0] == word[-1] and len(word) > 1:
+            word = unescape_string_literal(word)
+        query &= Q(last_error__icontains=word)
+    return query
+
+
 class ReadOnly:
     """Nobody adds, changes or deletes outbox rows in the admin: rows change
     state only through the transitions, and ``outbox_purge`` deletes them."""
@@ -102,7 +115,11 @@ class ReadOnly:
 
 
 class OutboxAdminBase(ReadOnly):
-    """Read-only pages plus the requeue permission and the admin log."""
+    """Read-only pages plus the requeue permission and the admin log; lists
+    whose long words wrap (``static/outbox_app/admin.css``)."""
+
+    class Media:
+        css = {"all": ["outbox_app/admin.css"]}
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         """``outbox_app.requeue_delivery``: requeue, retry, dead-letter, replay."""

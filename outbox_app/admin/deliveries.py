@@ -45,6 +45,7 @@ from .base import (
     OutboxAdminBase,
     as_uuid,
     error_summary,
+    error_words,
     pre,
     short_uuid,
     state_badge,
@@ -342,7 +343,7 @@ class DeliveryAdmin(OutboxAdminBase, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        query = Q(aggregate_id=term) | Q(last_error__icontains=term)
+        query = Q(aggregate_id=term) | error_words(term)
         if term.isdigit():
             query |= Q(pk=int(term))
         event_id = as_uuid(term)

@@ -10,6 +10,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.formats import date_format
@@ -22,7 +23,14 @@ from ..store.clock import database_now
 from ..store.lifecycle import INBOX_REQUEUEABLE, InboxState
 from ..store.models import ConsumerSubscription, InboxMessage
 from ..templatetags.outbox_admin import duration
-from .base import LOG_EACH_MAX, OutboxAdminBase, error_summary, pre, pretty_json
+from .base import (
+    LOG_EACH_MAX,
+    OutboxAdminBase,
+    error_summary,
+    error_words,
+    pre,
+    pretty_json,
+)
 from .subscriptions import ServedFilter
 
 #: Badge colours, as the deliveries' (base.STATE_COLOURS).
@@ -55,7 +63,10 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
         "last_error_type",
     ]
     search_fields = ["=message_id", "=aggregate_id"]
-    search_help_text = gettext_lazy("Message id (the event id) or aggregate id.")
+    search_help_text = gettext_lazy(
+        "Message id (the event id), aggregate id, inbox id (exact) or words of "
+        "the last error."
+    )
     show_full_result_count = False
     actions = ["requeue_selected"]
     readonly_fields = ["state_label", "next_retry", "body_pretty", "traceback_text"]
@@ -85,6 +96,15 @@ class InboxMessageAdmin(OutboxAdminBase, admin.ModelAdmin):
         ),
         (gettext_lazy("Message"), {"fields": ["body_digest", "body_pretty"]}),
     ]
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        query = Q(message_id=term) | Q(aggregate_id=term) | error_words(term)
+        if term.isdigit():
+            query |= Q(pk=int(term))
+        return queryset.filter(query), False
 
     def has_requeue_permission(self, request) -> bool:
         """``outbox_app.requeue_inboxmessage``."""

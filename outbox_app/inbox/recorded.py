@@ -29,6 +29,7 @@ from ..exceptions import SubscriptionInUse
 from ..store.clock import database_now
 from ..store.lifecycle import InboxState
 from ..store.models import ConsumerSubscription, InboxMessage
+from ..store.querysets import SERVED_SECONDS
 from ..subscribers import WILDCARD
 from .registry import Consumer
 
@@ -142,12 +143,20 @@ def retire(
     alias = subscriptions.db
     with transaction.atomic(using=alias):
         rows = subscriptions.active().select_for_update()
-        served = sorted(rows.served().values_list("consumer", "event_type", "queue"))
+        served = sorted(
+            rows.served().values_list(
+                "consumer", "event_type", "queue", "last_seen_at", "last_seen_by"
+            )
+        )
         if served and not force:
-            names = ", ".join(f"{c} <- {t} on {q}" for c, t, q in served)
+            now = database_now(alias)
             raise SubscriptionInUse(
-                f"a running consume process still has {names}: retire it once no "
-                "process has it (or force it)"
+                "consume process",
+                [
+                    (f"{c} <- {t} on {q}", (now - seen).total_seconds(), by)
+                    for c, t, q, seen, by in served
+                ],
+                SERVED_SECONDS // 60,
             )
         pairs = list(rows.values_list("consumer", "event_type"))
         retired = rows.retire(by[:255])

@@ -21,6 +21,7 @@ from ..conf import (
     positive_number,
     valid_publishers,
 )
+from ..publishers.base import DEFAULT_BACKEND
 
 
 @checks.register("outbox")
@@ -34,7 +35,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 checks.Error(
                     f"OUTBOX_{name} is {mask_url(repr(value))}; it must be {expected}.",
                     hint=f"Fix or remove OUTBOX_{name} (default: "
-                    f"{DEFAULTS[name].default!r}). See docs/settings.md.",
+                    f"{DEFAULTS[name].default!r}).",
                     id=check_id,
                 )
             )
@@ -85,8 +86,15 @@ def _spelling_hint(name: str) -> str:
     known = [f"OUTBOX_{setting}" for setting in DEFAULTS]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
-        return f"Did you mean {close[0]}? See docs/settings.md."
-    return "Check the spelling against docs/settings.md."
+        return f"Did you mean {close[0]}?"
+    return "Check the spelling: outbox_app's settings are " + ", ".join(known) + "."
+
+
+def _backend(options) -> str:
+    """The dotted path of a publisher entry's class, for ``python -m pydoc``:
+    its docstring lists the options (the docs/ pages are not in the wheel)."""
+    backend = options.get("BACKEND", DEFAULT_BACKEND)
+    return backend if isinstance(backend, str) else DEFAULT_BACKEND
 
 
 @checks.register("outbox")
@@ -108,7 +116,8 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 messages.append(
                     checks.Error(
                         mask_url(str(exc)),
-                        hint="Check BACKEND and the options in docs/brokers.md.",
+                        hint="Check BACKEND and the options: "
+                        f"`python -m pydoc {_backend(options)}` lists them.",
                         id="outbox.E015",
                     )
                 )
@@ -117,7 +126,8 @@ def check_subscribers(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             messages.extend(
                 checks.Warning(
                     f"publisher {name!r}: {mask_url(warning)}",
-                    hint="See the publisher's options in docs/brokers.md.",
+                    hint=f"`python -m pydoc {_backend(options)}` explains the "
+                    "publisher's options.",
                     id="outbox.W005",
                 )
                 for warning in publisher.warnings()
@@ -364,7 +374,7 @@ def check_metrics_token(app_configs=None, **kwargs) -> list[checks.CheckMessage]
             "OUTBOX_METRICS_TOKEN is not set: it answers 403 to every request "
             "while DEBUG is False, so Prometheus scrapes nothing.",
             hint="Set OUTBOX_METRICS_TOKEN (16 characters or more) and scrape "
-            "with Authorization: Bearer <token>. See docs/operations.md#metrics.",
+            "with Authorization: Bearer <token>.",
             id="outbox.W006",
         )
     ]

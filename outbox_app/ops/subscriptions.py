@@ -22,7 +22,7 @@ from ..relay import registry
 from ..store.clock import database_now
 from ..store.lifecycle import ABANDONABLE, REQUEUEABLE, State
 from ..store.models import Delivery, OutboxEvent, Subscription
-from ..store.querysets import keyset_pages
+from ..store.querysets import SERVED_SECONDS, keyset_pages
 from ..subscribers import WILDCARD
 from . import streams
 
@@ -178,12 +178,20 @@ def retire(
     alias = subscriptions.db
     with transaction.atomic(using=alias):
         rows = subscriptions.active().select_for_update()
-        served = sorted(rows.served().values_list("subscriber", "event_type"))
+        served = sorted(
+            rows.served().values_list(
+                "subscriber", "event_type", "last_seen_at", "last_seen_by"
+            )
+        )
         if served and not force:
-            names = ", ".join(f"{name} <- {event_type}" for name, event_type in served)
+            now = database_now(alias)
             raise SubscriptionInUse(
-                f"a running relay still has {names}: retire it once no relay "
-                "has it (or force it)"
+                "relay",
+                [
+                    (f"{name} <- {event_type}", (now - seen).total_seconds(), by)
+                    for name, event_type, seen, by in served
+                ],
+                SERVED_SECONDS // 60,
             )
         pairs = list(rows.values_list("subscriber", "event_type"))
         # Stream delivery: what the subscriber's cursors have not read of

@@ -5,6 +5,7 @@ chart, inline SVG). ``{% load outbox_admin %}``."""
 from __future__ import annotations
 
 import datetime
+import itertools
 from typing import Any
 
 from django import template
@@ -56,19 +57,31 @@ def chart_hours(per_minute: list[int], asked: str | None) -> int:
     return next(h for h in sorted(CHART_RANGES) if active <= h * 60 or h == 24)
 
 
+def scale_top(peak: int) -> int:
+    """The top of the chart's scale for a busiest minute of ``peak``
+    deliveries: the smallest 2, 4, 10, 20, 40, 100, ... (twice 1, 2 or 5 times
+    a power of ten) at or above it, so the scale's three labels, 0, half and
+    top, are distinct whole numbers (a peak of 1 once read "1 / 0 / 0")."""
+    step, factors = 1, itertools.cycle((2, 2.5, 2))  # 1, 2, 5, 10, 20, 50, ...
+    while 2 * step < peak:
+        step = round(step * next(factors))
+    return 2 * step
+
+
 def chart(deliveries: dict[str, Any], hours: int = 24) -> dict[str, Any]:
     """Geometry of the deliveries-per-minute chart over the last ``hours``: one
-    bar per minute, a scale from 0 to the peak, time ticks (UTC) spaced for
-    the range. Only numbers, so the SVG needs no escaping."""
+    bar per minute, a scale from 0 to :func:`scale_top` of the peak, time
+    ticks (UTC) spaced for the range. Only numbers, so the SVG needs no
+    escaping."""
     per_minute = deliveries["per_minute"][-hours * 60 :]
-    peak = max(per_minute) or 1
+    scale = scale_top(max(per_minute))
     left, top = _CHART["left"], _CHART["top"]
     plot_w = _CHART["width"] - left - _CHART["right"]
     plot_h = _CHART["height"] - top - _CHART["bottom"]
     base = top + plot_h
     step = plot_w / len(per_minute)
     bars = " ".join(
-        f"M{left + (i + 0.5) * step:.2f} {base}V{base - n / peak * plot_h:.1f}"
+        f"M{left + (i + 0.5) * step:.2f} {base}V{base - n / scale * plot_h:.1f}"
         for i, n in enumerate(per_minute)
         if n
     )
@@ -79,7 +92,7 @@ def chart(deliveries: dict[str, Any], hours: int = 24) -> dict[str, Any]:
         moment = start + datetime.timedelta(minutes=minute)
         ticks.append({"x": round(left + minute * step, 1), "label": f"{moment:%H:%M}"})
     levels = [
-        {"y": round(base - fraction * plot_h, 1), "label": round(peak * fraction)}
+        {"y": round(base - fraction * plot_h, 1), "label": int(scale * fraction)}
         for fraction in (0, 0.5, 1)
     ]
     return {

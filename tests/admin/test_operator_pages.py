@@ -235,6 +235,30 @@ def message(state: str, **fields) -> InboxMessage:
     )
 
 
+def test_inbox_list__search_by_ids_and_words_of_the_error(admin_client):
+    """Its search box takes what the deliveries' takes: exact ids, and words
+    of the last error in any order and case (it matched exact ids only)."""
+    dead = message(
+        InboxState.DEAD,
+        last_error="KeyError: 'order_id' in the invoice's payload",
+        aggregate_id="B-2",
+    )
+    failed = message(InboxState.FAILED, last_error="connection to billing db lost")
+    url = reverse("admin:outbox_app_inboxmessage_changelist")
+    for term, expected in [
+        ("m-DEAD", {dead.pk}),
+        ("B-2", {dead.pk}),
+        (str(failed.pk), {failed.pk}),
+        ("order_id", {dead.pk}),
+        ("PAYLOAD keyerror", {dead.pk}),
+        ('"billing db"', {failed.pk}),
+        ("billing lost", {failed.pk}),
+        ("lost payload", set()),
+    ]:
+        page = admin_client.get(url, {"q": term})
+        assert {r.pk for r in page.context["cl"].result_list} == expected, term
+
+
 def test_inbox_message_page__requeue_button(admin_client, viewer_client):
     dead = message(InboxState.DEAD, last_error="KeyError: 'order_id'")
     handled = message(InboxState.HANDLED, handled_at=timezone.now())

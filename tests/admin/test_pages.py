@@ -211,6 +211,7 @@ def test_delivery_list__search(admin_client):
         (str(second.pk), {b.pk}),
         ("B-2", {a.pk, b.pk}),
         ("timed out", {a.pk}),
+        ("OUT socket", {a.pk}),  # words, in any order and case
     ]:
         page = admin_client.get(DELIVERIES, {"q": term})
         assert {r.pk for r in page.context["cl"].result_list} == expected, term

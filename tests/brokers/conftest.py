@@ -20,15 +20,14 @@ from kombu import Connection, Exchange, Queue
 
 from outbox_app.subscribers import DeliveryContext
 from tests.conftest import require_service
+from tests.services import NATS_URL, RABBITMQ_URL, REDIS_URL, address
 
 from .proxy import TcpProxy
 from .tansu import Tansu
 
-RABBITMQ = ("127.0.0.1", 5672)
-NATS = ("127.0.0.1", 4222)
-RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
-REDIS_URL = "redis://127.0.0.1:6379/0"
-NATS_URL = "nats://127.0.0.1:4222"
+#: Where the brokers listen (their URLs: tests/services.py, from the environment).
+RABBITMQ = address(RABBITMQ_URL)
+NATS = address(NATS_URL)
 #: A queue nobody deletes (a crashed test run) disappears after 10 minutes unused.
 QUEUE_ARGUMENTS = {"x-expires": 600_000}
 

@@ -31,6 +31,7 @@ from tests.processes import (
     spawn,
     wait_for,
 )
+from tests.services import RABBITMQ_URL, through
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -242,7 +243,7 @@ def test_a_connection_lost_between_commit_and_ack__the_redelivery_has_no_effect(
         f"{unique}-in",
         "--idle-exit",
         "4",
-        url=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+        url=through(RABBITMQ_URL, proxy.port),
         OUTBOX_TEST_CONSUMER_HANG=str(hang),
         OUTBOX_TEST_CONSUMER_HANG_SECONDS="2",
     )
@@ -501,7 +502,7 @@ def test_consume_started_while_the_broker_refuses_connections_waits_for_it(
         rabbitmq,
         unique,
         queue,
-        url=f"amqp://guest:guest@127.0.0.1:{port}//",
+        url=through(RABBITMQ_URL, port),
         ready=False,
     )
     proxy = None
@@ -545,7 +546,7 @@ def test_consume_health_file__not_ready_while_the_broker_refuses_then_ready(
         queue,
         "--health-file",
         str(path),
-        url=f"amqp://guest:guest@127.0.0.1:{port}//",
+        url=through(RABBITMQ_URL, port),
         ready=False,
     )
     proxy = None

@@ -35,6 +35,7 @@ from outbox_app.relay import deliver, relay_once
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
 from tests.processes import Watched, publisher_relay, wait_for
+from tests.services import NATS_URL, through
 from tests.testapp.events import OrderPlaced
 
 from .conftest import across_aggregates, context
@@ -405,7 +406,7 @@ def test_close_ends_the_loop_thread(jetstream, nats_url, unique):
 
 
 def proxied(publishers, proxy, unique, **options) -> JetStreamPublisher:
-    url = f"nats://127.0.0.1:{proxy.port}"
+    url = through(NATS_URL, proxy.port)
     return publisher(publishers, url, unique, SUBJECT=unique + ".x", **options)
 
 
@@ -586,7 +587,7 @@ def test_outage__paused_no_attempt_spent_then_resumed_nothing_lost(
     jetstream, nats_proxy, settings, unique, caplog
 ):
     jetstream.create(unique, [f"{unique}.>"])
-    settings.OUTBOX_PUBLISHERS = options(f"nats://127.0.0.1:{nats_proxy.port}", unique)
+    settings.OUTBOX_PUBLISHERS = options(through(NATS_URL, nats_proxy.port), unique)
     nats_proxy.cut()
     rows = publish_orders(5)
 

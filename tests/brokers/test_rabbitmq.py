@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime
 import time
+import urllib.parse
 from collections import Counter
 
 import pytest
 
+from outbox_app.conf import mask_url
 from outbox_app.exceptions import (
     MessageRejected,
     MessageUnroutable,
@@ -20,6 +22,7 @@ from outbox_app.exceptions import (
     UndeliverableMessage,
 )
 from outbox_app.publishers.kombu import KombuPublisher
+from tests.services import RABBITMQ_URL, through
 
 from .conftest import across_aggregates, assert_delivered, body, context
 
@@ -226,7 +229,7 @@ def test_successive_batches_reuse_one_connection(
     rabbitmq, rabbitmq_url, unique, proxy, publishers
 ):
     queue = rabbitmq.bind(unique, unique, "#")
-    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    url = through(RABBITMQ_URL, proxy.port)
     sender = publisher(publishers, url, EXCHANGE=unique)
     batches = [across_aggregates(7) for _ in range(3)]
 
@@ -242,7 +245,7 @@ def test_successive_batches_reuse_one_connection(
 
 
 def proxied(publishers, proxy, unique, **options) -> KombuPublisher:
-    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    url = through(RABBITMQ_URL, proxy.port)
     return publisher(publishers, url, EXCHANGE=unique, CONNECT_RETRIES=0, **options)
 
 
@@ -259,9 +262,10 @@ def test_outage_fails_every_message_with_the_reason_then_recovers(
     outcomes = sender.send_batch(sent)
 
     assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
-    assert all(f"cannot connect to amqp://guest:**@127.0.0.1:{proxy.port}//" in str(o)
-               for o in outcomes)  # fmt: skip
-    assert "guest:guest" not in str(outcomes[0])  # the password stays out of logs
+    masked = mask_url(through(RABBITMQ_URL, proxy.port))
+    assert all(f"cannot connect to {masked}" in str(o) for o in outcomes)
+    password = urllib.parse.urlsplit(RABBITMQ_URL).password
+    assert f":{password}@" not in str(outcomes[0])  # the password stays out of logs
     assert rabbitmq.drain(queue) == []
 
     proxy.restore()

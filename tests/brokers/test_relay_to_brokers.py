@@ -7,6 +7,7 @@ import datetime
 import decimal
 import json
 import signal
+import urllib.parse
 from collections import defaultdict
 
 import pytest
@@ -19,8 +20,9 @@ from outbox_app.models import SubscriberPause
 from outbox_app.relay import deliver, relay_once
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
-from tests.brokers.conftest import RABBITMQ_URL, body
+from tests.brokers.conftest import body
 from tests.processes import publisher_relay, wait_for
+from tests.services import RABBITMQ_URL, through
 from tests.testapp.events import OrderPlaced, Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,7 +58,7 @@ def configure(settings, url: str, exchange: str, **options) -> None:
 
 def configure_proxied(settings, proxy, exchange: str) -> None:
     """The publisher "bus" to RabbitMQ through ``proxy``, which a test cuts."""
-    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    url = through(RABBITMQ_URL, proxy.port)
     configure(settings, url, exchange, CONNECT_RETRIES=0)
 
 
@@ -155,7 +157,8 @@ def test_broker_outage__paused_no_attempt_spent_then_delivered(
     }
     pause = SubscriberPause.objects.paused().get()
     assert pause.subscriber == "bus" and "cannot connect" in pause.reason
-    assert "guest:guest" not in pause.reason  # the password stays out of it
+    password = urllib.parse.urlsplit(RABBITMQ_URL).password
+    assert f":{password}@" not in pause.reason  # the password stays out of it
     paused = [r for r in caplog.records if "publisher paused" in r.getMessage()]
     assert len(paused) == 1
     # Paused: no claims (the rows stay PENDING, untouched) until a probe runs.
@@ -213,7 +216,7 @@ def test_sigkill_mid_batch__nothing_lost_duplicates_only_the_unconfirmed(
         )
     options = {
         "bus": {
-            "URL": f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+            "URL": through(RABBITMQ_URL, proxy.port),
             "EXCHANGE": unique,
             "CONFIRM_TIMEOUT": 120,
         }

@@ -32,7 +32,36 @@ TAGS = {
     " the page's app blocks make a fresh project of their own (migrate --run-syncdb,"
     " check), in which its app-run blocks run",
     "app-run": "executed, in order, in the project the page's app blocks make",
+    "kubernetes": "a Kubernetes manifest: parsed (PyYAML) and whole (apiVersion,"
+    " kind, name; a Deployment's selector matches its pods' labels; each"
+    " container has an image); its manage.py commands exist",
+    "tour": "a step of the README's five-minute tour that needs RabbitMQ: run with"
+    " the tour's other blocks, in order, in one new project"
+    " (tests/docs/test_fresh_project.py)",
 }
+
+
+def section(page: Path, heading: str) -> list[Block]:
+    """The blocks of ``page`` under the heading ``heading`` (its text, without
+    the ``#``), up to the next heading of the same or a higher level."""
+    lines = page.read_text().splitlines()
+    level = start = None
+    end = len(lines) + 1
+    fenced = False
+    for number, line in enumerate(lines, 1):
+        if FENCE.match(line):  # an opening or a closing fence
+            fenced = not fenced
+        match = None if fenced else re.match(r"(#+) (.*)", line)
+        if not match:
+            continue
+        if start is None and match.group(2).strip() == heading:
+            level, start = len(match.group(1)), number
+        elif start is not None and len(match.group(1)) <= level:
+            end = number
+            break
+    assert start is not None, f"{page.name} has no heading {heading!r}"
+    return [block for block in blocks(page) if start < block.line < end]
+
 
 FENCE = re.compile(r"^```(\S*)\s*$")
 TAG = re.compile(r"^<!--\s*test:\s*(\S+)((?:\s+[\w-]+)*)\s*-->\s*$")

@@ -117,6 +117,43 @@ def test_command_lines_exist(block):
         assert not missing, f"manage.py {command} has no {missing}"
 
 
+#: What a workload's pod template sits under, by kind.
+POD_TEMPLATE = {
+    "Deployment": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@pytest.mark.parametrize("block", tagged("kubernetes"), ids=ids(tagged("kubernetes")))
+def test_kubernetes_manifest_is_whole(block):
+    """What ``kubectl apply -f`` takes as it is: every document names its API
+    and kind and has a name; a workload's pods have containers with images; a
+    Deployment selects its own pods; the manage.py commands it runs exist."""
+    import yaml
+
+    documents = [doc for doc in yaml.safe_load_all(block.code) if doc]
+    assert documents, block.id
+    for doc in documents:
+        assert isinstance(doc.get("apiVersion"), str), block.id
+        assert DNS_LABEL.fullmatch(doc["metadata"]["name"]), doc["metadata"]
+        kind = doc["kind"]
+        assert kind in POD_TEMPLATE, f"{block.id}: a {kind}?"
+        template = doc
+        for key in POD_TEMPLATE[kind]:
+            template = template[key]
+        containers = template["spec"]["containers"]
+        assert containers and all(c["name"] and c["image"] for c in containers)
+        if kind == "Deployment":
+            assert doc["apiVersion"] == "apps/v1"
+            selected = doc["spec"]["selector"]["matchLabels"]
+            labels = template["metadata"]["labels"]
+            assert selected.items() <= labels.items(), (selected, labels)
+        else:
+            assert template["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    test_command_lines_exist(block)
+
+
 def _phrases(text: str) -> list[str]:
     """Runs of two or more words in a shown output, without numbers and names."""
     out = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import re
 
 import pytest
 from django.core.management import call_command
@@ -132,10 +133,19 @@ def test_the_subscribers_command_lists_records_and_guards_consumers(
     assert f"consumer on {QUEUE}" in listing
     [shipping] = [line for line in listing.splitlines() if "shipping" in line]
     assert " serving " in shipping  # a consume process refreshed it just now
-    with pytest.raises(CommandError, match="a running consume process still has"):
+    with pytest.raises(CommandError, match="a running consume process refreshes it"):
         call_command("outbox_subscribers", "--retire", "shipping", "--waiting", "keep")
     page = admin_client.get("/admin/outbox_app/consumersubscription/?served=unserved")
     assert page.context["cl"].result_count == 2  # billing's two types
     ConsumerSubscription.objects.all().delete()
     call_command("outbox_subscribers", "--record", stdout=out)
     assert ConsumerSubscription.objects.filter(consumer="shipping").exists()
+    # Right after --record no consume process need be running: the refusal
+    # says who refreshed it and when, not that a consume process has it.
+    with pytest.raises(CommandError) as refused:
+        call_command("outbox_subscribers", "--retire", "shipping", "--waiting", "keep")
+    assert re.search(
+        rf"shipping <- \S+ on {QUEUE} was refreshed \d+ s ago by outbox_subscribers ",
+        str(refused.value),
+    ), refused.value
+    assert "still has" not in str(refused.value)

@@ -29,6 +29,7 @@ from outbox_app.store.lifecycle import State
 from outbox_app.store.models import Delivery
 from tests.conftest import require_service
 from tests.processes import Watched, celery_worker, free_port, spawn, wait_for
+from tests.services import RABBITMQ_URL, REDIS_URL
 
 TASKS = {"tasks": {"BACKEND": TASK_BACKEND}}
 RECORD = "tests.record_task"
@@ -129,10 +130,7 @@ def test_an_unreachable_broker_is_an_outage_not_a_failure(settings):
 
 # --- a real worker ----------------------------------------------------------------
 
-BROKERS = {
-    "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//",
-    "redis": "redis://127.0.0.1:6379/0",
-}
+BROKERS = {"rabbitmq": RABBITMQ_URL, "redis": REDIS_URL}
 
 
 @pytest.fixture(params=sorted(BROKERS))

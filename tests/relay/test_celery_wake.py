@@ -19,12 +19,13 @@ from kombu import Connection
 from outbox_app import publish, tasks
 from tests.conftest import require_service
 from tests.processes import spawn, wait_for
+from tests.services import RABBITMQ_URL
 from tests.testapp.events import OrderPlaced
 
 # The wake-up's hand-off does not depend on the database: SQLite pass only.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.any_database]
 
-BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+BROKER = RABBITMQ_URL
 
 #: A web process: Django set up, Celery configured in Django's settings, the
 #: project's Celery module never imported.

@@ -23,12 +23,13 @@ import pytest
 
 from tests.conftest import require_service
 from tests.processes import Watched
+from tests.services import RABBITMQ_URL
 
 #: The shop runs on a database of the vendor under test (see above).
 pytestmark = pytest.mark.every_database
 
 ROOT = Path(__file__).resolve().parents[2]
-RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+RABBITMQ = RABBITMQ_URL
 
 
 def _admin(config: dict, sql: str) -> None:
@@ -116,6 +117,18 @@ def test_simulate_reconciles(simulation):
     assert simulation.returncode == 0, simulation.stdout + simulation.stderr
     assert "reconciliation: OK" in simulation.stdout
     assert "50/50 orders" in simulation.stderr
+
+
+def test_expected_dead_letters_are_counted_not_logged(simulation):
+    """The payments shop.fraud_check rejects on purpose are the table's
+    dead(exp), not ERROR lines written over the progress bar: stderr holds
+    the progress bar and the wait, nothing else."""
+    assert simulation.returncode == 0, simulation.stdout + simulation.stderr
+    shown = [part for part in re.split(r"[\r\n]", simulation.stderr) if part.strip()]
+    progress = re.compile(
+        r"\[[#.]{30}\] \d+/\d+ orders|waiting for delivery: \d+ outstanding\s*"
+    )
+    assert shown and all(progress.fullmatch(part) for part in shown), shown
 
 
 def test_business_rule_failure_expires_as_expected(shop_env, simulation):

@@ -25,10 +25,10 @@ import pytest
 
 from tests.conftest import require_service
 from tests.sample.test_sample_project import _manage
+from tests.services import NATS_URL
 
 pytestmark = pytest.mark.services("nats")
 
-NATS_URL = "nats://127.0.0.1:4222"
 #: The killed relay's rows are sent again once this lease (seconds) ran out.
 LEASE = 2
 

@@ -50,3 +50,32 @@ def test_one_bar_per_busy_minute_scaled_to_the_peak(hours):
     heights = [float(b.split("V")[0].split()[1]) - float(b.split("V")[1]) for b in bars]
     assert heights[1] == pytest.approx(2 * heights[0], abs=0.2)
     assert drawn["ticks"][-1]["label"] == "12:00"
+
+
+@pytest.mark.parametrize(
+    ("peak", "labels"),
+    [
+        (0, [0, 1, 2]),
+        (1, [0, 1, 2]),  # it read 0, 0, 1 (bottom to top): "1 / 0 / 0"
+        (3, [0, 2, 4]),
+        (7, [0, 5, 10]),
+        (368, [0, 200, 400]),
+        (1827, [0, 1000, 2000]),
+    ],
+)
+def test_the_scale_reads_as_three_distinct_round_numbers(peak, labels):
+    per_minute = [0] * 1440
+    per_minute[-1] = peak
+    drawn = chart({"per_minute": per_minute, "end": "2026-01-01T12:00:00+00:00"}, 1)
+    assert [level["label"] for level in drawn["levels"]] == labels
+    if peak:  # the busiest minute's bar stays inside the plot
+        top = float(drawn["bars"].split("V")[1])
+        assert top >= drawn["top"] - 0.1
+
+
+def test_every_peak_gets_distinct_whole_labels_above_it():
+    end = "2026-01-01T12:00:00+00:00"
+    for peak in range(0, 5001):
+        drawn = chart({"per_minute": [0] * 59 + [peak], "end": end}, 1)
+        labels = [level["label"] for level in drawn["levels"]]
+        assert len(set(labels)) == 3 and labels[-1] >= peak, (peak, labels)

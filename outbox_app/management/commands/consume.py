@@ -7,18 +7,19 @@ import signal
 import threading
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from kombu import Connection
 
 from outbox_app.conf import mask_url, outbox_settings
 from outbox_app.execution.metrics import consume_metrics
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
+from outbox_app.management.base import OutboxCommand
 
 from .relay import add_health_file_argument, configure_logging, health_file
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Consume the messages of the @consumer functions' queues (from "
         "OUTBOX_INBOX_URL, bound to OUTBOX_INBOX_EXCHANGE) through the "

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from outbox_app.exceptions import HealthFileUnreadable
 from outbox_app.health import MAX_AGE_SECONDS, read_health
+from outbox_app.management.base import OutboxCommand
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Probe a relay or consume process through its --health-file: exit 0 "
         "when it is alive (its loop turned within --max-age seconds) and, with "

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 from django.template.defaultfilters import pluralize
 
 from outbox_app.conf import outbox_settings
+from outbox_app.management.base import OutboxCommand
 from outbox_app.ops import purge
 
 
@@ -40,7 +41,7 @@ def _positive(text: str) -> int:
 _positive.__name__ = "positive integer"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Delete finished outbox rows older than the retention: SUCCEEDED "
         "deliveries, events whose every delivery succeeded, and sentinel rows. "

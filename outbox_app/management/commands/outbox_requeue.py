@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
-
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
-from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 
 from outbox_app.exceptions import OutboxError
+from outbox_app.management.base import OutboxCommand, moment
 from outbox_app.ops import subscriptions
 from outbox_app.store.lifecycle import REQUEUEABLE, State
 
 
-def _moment(text: str) -> datetime.datetime:
-    """An ISO date (midnight, current time zone) or date-time; naive values are
-    taken in the current time zone."""
-    moment = parse_datetime(text)
-    if moment is None:
-        day = parse_date(text)
-        if day is None:
-            raise ValueError(text)
-        moment = datetime.datetime.combine(day, datetime.time())
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment)
-    return moment
-
-
-_moment.__name__ = "date"
-
-
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Requeue a subscriber's failed and/or dead deliveries: they become "
         "PENDING and due now, with their attempts reset; the last error is kept "
@@ -60,7 +40,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--since",
-            type=_moment,
+            type=moment,
             metavar="DATE",
             help="Only deliveries that last failed (or changed) at or after "
             "DATE: 2025-01-31 or 2025-01-31T14:00 (current time zone) or with "

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from django.template.defaultfilters import pluralize
 
 from outbox_app.conf import mask_url
 from outbox_app.exceptions import OutboxError
+from outbox_app.management.base import OutboxCommand
 from outbox_app.ops import metrics, status
 from outbox_app.store.lifecycle import State
 
@@ -30,7 +31,7 @@ def _non_negative(kind):
     return parse
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Show the outbox: per subscriber, deliveries by state, deliveries "
         "scheduled for later (publish(deliver_at=...)), the lag (how long the "

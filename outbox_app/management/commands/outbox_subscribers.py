@@ -5,7 +5,7 @@ the consumers ``consume`` processes recorded
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count
 from django.template.defaultfilters import pluralize
@@ -14,6 +14,7 @@ from outbox_app import inbox
 from outbox_app.events.ids import worker_name
 from outbox_app.exceptions import OutboxError
 from outbox_app.inbox import recorded
+from outbox_app.management.base import OutboxCommand
 from outbox_app.ops import subscriptions
 from outbox_app.relay import registry
 from outbox_app.store.clock import database_now
@@ -30,7 +31,7 @@ from outbox_app.subscribers import WILDCARD
 from outbox_app.templatetags.outbox_admin import duration
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "List the subscriptions relays recorded: one row per subscriber and event "
         "type, whether a relay serves it now (serving: refreshed within "

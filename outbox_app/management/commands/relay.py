@@ -15,6 +15,7 @@ from django.db import connections
 from outbox_app.exceptions import OutboxError
 from outbox_app.execution.metrics import relay_metrics
 from outbox_app.health import HealthFile
+from outbox_app.management.base import OutboxCommand
 from outbox_app.relay import RelayReport
 from outbox_app.relay.worker import RelayWorker
 from outbox_app.store.models import Delivery, OutboxEvent
@@ -73,7 +74,7 @@ def configure_logging(verbosity: int) -> None:
         logger.addHandler(handler)
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Run the outbox relay: fan committed events out to their subscribers and "
         "deliver them to broker publishers and in-process handlers, with retries, "

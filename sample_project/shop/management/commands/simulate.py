@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 from django.db.models import Count
 from django.test import Client
@@ -28,6 +28,7 @@ from django.test import Client
 from outbox_app import Delivery, OutboxEvent
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
+from outbox_app.management.base import OutboxCommand
 from outbox_app.relay import relay_once
 from outbox_app.relay.registry import subscribers
 from outbox_app.store.lifecycle import State
@@ -45,7 +46,7 @@ UNFINISHED = (State.PENDING, State.RUNNING, State.FAILED)
 BROKER = "broker"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Simulate shop traffic through the shop's JSON views (Django's test Client "
         "in --concurrency threads: real views, real transactions): orders placed, "
@@ -100,10 +101,10 @@ class Command(BaseCommand):
                 "--no-relay needs a real broker (OUTBOX_BROKER_URL): memory:// "
                 "cannot reach another process's consumer"
             )
-        # 409s and expected dead letters are part of the traffic: keep stderr for
-        # the progress bar.
+        # 409s and expected dead letters are part of the traffic (the table
+        # counts them): keep stderr for the progress bar and the errors.
         logging.getLogger("django.request").setLevel(logging.ERROR)
-        logging.getLogger("outbox_app").setLevel(logging.ERROR)
+        _ErrorsBesideTheBar.install(logging.getLogger("outbox_app"))
         for sku in SKUS:
             Product.objects.get_or_create(sku=sku, defaults={"stock": 10**6})
         background = [] if options["no_relay"] else _InProcess().start()
@@ -112,7 +113,7 @@ class Command(BaseCommand):
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(traffic.run, range(concurrency), [concurrency] * concurrency))
         driven = time.monotonic() - started
-        sys.stderr.write("\n")
+        _ErrorsBesideTheBar.end_bar()
         delivered = self._wait(options["timeout"])
         for stop in background:
             stop()
@@ -132,8 +133,8 @@ class Command(BaseCommand):
     def _progress(self, done: int, total: int) -> None:
         width = 30
         filled = int(done / total * width)
-        sys.stderr.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} orders"
+        _ErrorsBesideTheBar.bar(
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} orders"
         )
 
     def _wait(self, timeout: float) -> bool:
@@ -141,15 +142,56 @@ class Command(BaseCommand):
         deadline = time.monotonic() + timeout
         while True:
             left = _outstanding()
-            sys.stderr.write(f"\rwaiting for delivery: {left} outstanding    ")
-            sys.stderr.flush()
-            if left == 0:
-                sys.stderr.write("\n")
-                return True
-            if time.monotonic() >= deadline:
-                sys.stderr.write("\n")
-                return False
+            _ErrorsBesideTheBar.bar(f"waiting for delivery: {left} outstanding    ")
+            if left == 0 or time.monotonic() >= deadline:
+                _ErrorsBesideTheBar.end_bar()
+                return left == 0
             time.sleep(2.0)
+
+
+class _ErrorsBesideTheBar(logging.Handler):
+    """outbox_app's log while simulate runs, in place of the project's
+    handlers (one line per record, whatever the project's LOGGING): ERROR and
+    above, each on a line of its own below the progress bar, which then goes
+    on. The expected dead letters, payments shop.fraud_check rejects on
+    purpose (``PaymentFlagged``), are not logged: the table counts them
+    (``dead(exp)``)."""
+
+    _lock = threading.Lock()
+    _bar_shown = False  # the progress bar's line is open on stderr
+
+    @classmethod
+    def install(cls, logger: logging.Logger) -> None:
+        logger.handlers = [cls(logging.ERROR)]
+        logger.propagate = False
+        logger.setLevel(logging.ERROR)
+
+    @classmethod
+    def bar(cls, text: str) -> None:
+        with cls._lock:
+            sys.stderr.write(f"\r{text}")
+            sys.stderr.flush()
+            cls._bar_shown = True
+
+    @classmethod
+    def end_bar(cls) -> None:
+        with cls._lock:
+            if cls._bar_shown:
+                sys.stderr.write("\n")
+                cls._bar_shown = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(arg, PaymentFlagged) for arg in args)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        cls = type(self)
+        with cls._lock:
+            if cls._bar_shown:
+                sys.stderr.write("\n")
+                cls._bar_shown = False
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
 
 
 def _outstanding() -> int:
