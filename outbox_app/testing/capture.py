@@ -154,7 +154,7 @@ class CapturedEvents:
         self._on = 0
         #: deliver_now()'s finished deliveries: (alias, event id, handler
         #: name) -> their state (outbox_app.testing.delivery).
-        self.finished: dict[tuple[str, Any, str], str] = {}
+        self._finished: dict[tuple[str, Any, str], str] = {}
 
     # --- capturing ------------------------------------------------------------
 
@@ -185,7 +185,7 @@ class CapturedEvents:
         say) and what ``deliver_now()`` delivered."""
         with self._lock:
             self._rows.clear()
-            self.finished.clear()
+            self._finished.clear()
 
     def written(self) -> int:
         """How many rows were captured so far, rolled back or not."""

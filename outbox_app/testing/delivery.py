@@ -222,14 +222,14 @@ def _delivery(
     held: set[tuple[str, str, str, str]],
 ) -> DeliveryOutcome | None:
     """Deliver ``event`` to ``handler`` unless it is finished, held back,
-    expired or not due; record its state in ``captured.finished``. None: it
+    expired or not due; record its state in ``captured._finished``. None: it
     was finished by an earlier call (nothing to report)."""
     row = event.row
     key = (event.using, event.id, handler.name)
     aggregate = None
     if handler.ordered and row.aggregate_id is not None:
         aggregate = (handler.name, event.using, row.aggregate_type, row.aggregate_id)
-    state = captured.finished.get(key)
+    state = captured._finished.get(key)
     if state is not None:
         if state == State.DEAD and aggregate is not None:
             held.add(aggregate)
@@ -242,7 +242,7 @@ def _delivery(
             reason="held back behind an earlier event of its aggregate",
         )
     if row.expires_at is not None and row.expires_at <= now:
-        captured.finished[key] = State.SKIPPED
+        captured._finished[key] = State.SKIPPED
         return DeliveryOutcome(
             event,
             handler.name,
@@ -259,7 +259,7 @@ def _delivery(
             reason=f"scheduled for {row.deliver_at.isoformat()}",
         )
     outcome = _attempts(event, handler, now)
-    captured.finished[key] = outcome.state
+    captured._finished[key] = outcome.state
     if outcome.state == State.DEAD and aggregate is not None:
         held.add(aggregate)
     return outcome
