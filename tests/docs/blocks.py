@@ -32,6 +32,9 @@ TAGS = {
     " the page's app blocks make a fresh project of their own (migrate --run-syncdb,"
     " check), in which its app-run blocks run",
     "app-run": "executed, in order, in the project the page's app blocks make",
+    "app-test": "a test module of that project (its first line names it:"
+    " '# shop/tests.py', '# conftest.py'), run there by Django's test runner"
+    " (`manage.py test`) and by pytest with pytest-django (`test_*.py`); both pass",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")
