@@ -292,3 +292,35 @@ class HealthFileUnreadable(OutboxError):
     loop yet, or stopped cleanly and removed it), cannot be read, or is not
     the JSON object ``{"alive_at": ..., "ready": ..., "why": ...}``. The
     command exits 1 with this message: the probe fails."""
+
+
+# --- testing (outbox_app.testing) -------------------------------------------------
+
+
+class PublishedMismatch(OutboxError, AssertionError):
+    """An assertion of :mod:`outbox_app.testing` on what a block published
+    failed (``assert_published``, ``assert_published_once``,
+    ``assert_not_published``), or names a field the event does not have. The
+    message lists every event published, the rolled-back ones marked. An
+    ``AssertionError``, so test runners report it as a failed assertion."""
+
+
+class HandlerFailed(OutboxError):
+    """``deliver_now()`` (:mod:`outbox_app.testing`) sent a delivery to the
+    dead letter: a handler (or an ``on_commit`` callback it registered) raised
+    on its last attempt, or raised an error it never retries. The message
+    lists each such delivery with its error; the first one's exception is the
+    ``__cause__``; ``report`` is the whole
+    :class:`~outbox_app.testing.DeliveryReport`
+    (``deliver_now(raise_errors=False)`` returns it instead)."""
+
+    def __init__(self, message: str, report):
+        super().__init__(message)
+        self.report = report
+
+
+class EndlessDelivery(OutboxError):
+    """``deliver_now()`` (:mod:`outbox_app.testing`) delivered events whose
+    handlers published new events, whose handlers published more, for 100
+    rounds: a cycle (a handler that publishes the event it handles, or two
+    that publish each other's). The message lists the last round's events."""

@@ -53,6 +53,12 @@ logger = logging.getLogger("outbox_app.publishing.outbox")
 #: Arguments: ``sender=OutboxEvent``, ``using`` (database alias). The relay and
 #: the PostgreSQL/Celery wake-ups listen to it.
 events_committed = django.dispatch.Signal()
+#: Sent by ``publish()`` (and every write that publishes: tracked models,
+#: aggregates, ``enqueue()``) right after its INSERT, inside the caller's
+#: transaction, which may still roll back. Arguments: ``sender=OutboxEvent``,
+#: ``rows`` (the :class:`OutboxEvent` rows written, in publish order),
+#: ``using`` (database alias). ``outbox_app.testing``'s captures listen to it.
+events_written = django.dispatch.Signal()
 
 Aggregate = models.Model | tuple[str, Any] | None
 
@@ -282,6 +288,7 @@ def _write(
     _insert(rows, alias, texts)
     if action is not None:
         action.record(alias)  # only once the rows are written
+    events_written.send(sender=OutboxEvent, rows=rows, using=alias)
     _wake_on_commit(alias)
 
 

@@ -38,6 +38,9 @@ TAGS = {
     "tour": "a step of the README's five-minute tour that needs RabbitMQ: run with"
     " the tour's other blocks, in order, in one new project"
     " (tests/docs/test_fresh_project.py)",
+    "app-test": "a test module of that project (its first line names it:"
+    " '# shop/tests.py', '# conftest.py'), run there by Django's test runner"
+    " (`manage.py test`) and by pytest with pytest-django (`test_*.py`); both pass",
 }
 
 

@@ -280,10 +280,11 @@ def _app_pages() -> list[Path]:
     return sorted({block.page for block in tagged("app")})
 
 
-@pytest.mark.parametrize("page", _app_pages(), ids=lambda page: page.name)
-def test_app_blocks_make_a_project_that_runs(page, tmp_path):
+def _modules(page: Path, tag: str) -> dict[str, str]:
+    """The modules the page's blocks tagged ``tag`` write: path -> code (a
+    module's blocks in page order)."""
     files: dict[str, str] = {}
-    for block in tagged("app"):
+    for block in tagged(tag):
         if block.page != page:
             continue
         first = block.code.splitlines()[0]
@@ -291,29 +292,64 @@ def test_app_blocks_make_a_project_that_runs(page, tmp_path):
         assert match, f"{block.id}: the first line must name the module"
         path = match.group(1)
         files[path] = files.get(path, "") + block.code + "\n"
+    return files
+
+
+@pytest.mark.parametrize("page", _app_pages(), ids=lambda page: page.name)
+def test_app_blocks_make_a_project_that_runs(page, tmp_path):
+    files = _modules(page, "app")
     apps = sorted({path.split("/")[0] for path in files})
-    for path, code in files.items():
+    tests = _modules(page, "app-test")
+    for path, code in {**files, **tests}.items():
         target = tmp_path / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        (target.parent / "__init__.py").touch()
+        if target.parent != tmp_path:
+            (target.parent / "__init__.py").touch()
         target.write_text(code)
     database = f"sqlite:///{tmp_path / 'db.sqlite3'}"
     (tmp_path / "docs_settings.py").write_text(
         APP_SETTINGS.format(apps=apps, database=database)
     )
     runs = [[block.id, block.code] for block in tagged("app-run") if block.page == page]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}:{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "docs_settings",
+    }
     done = subprocess.run(
         [sys.executable, "-c", APP_RUNNER],
         input=json.dumps(runs),
         cwd=tmp_path,
-        env={
-            **os.environ,
-            "PYTHONPATH": f"{tmp_path}:{ROOT}",
-            "DJANGO_SETTINGS_MODULE": "docs_settings",
-        },
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == [word for run in runs for word in ("ran", run[0])]
+    if tests:
+        _run_tests(tmp_path, env)
+
+
+def _run_tests(project: Path, env: dict[str, str]) -> None:
+    """The project's tests, by Django's runner (it finds ``test*.py``: the
+    ``TestCase`` modules) and by pytest with pytest-django (``test_*.py``,
+    the project's root ``conftest.py``); each must run some and pass."""
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        return output
+
+    django = run("django", "test", "--noinput")
+    assert re.search(r"^Ran [1-9]\d* tests?", django, flags=re.M), django
+    pytest_run = run("pytest", "-p", "no:cacheprovider", ".")
+    assert re.search(r"\b[1-9]\d* passed", pytest_run), pytest_run

@@ -131,6 +131,25 @@ def test_expected_dead_letters_are_counted_not_logged(simulation):
     assert shown and all(progress.fullmatch(part) for part in shown), shown
 
 
+def test_the_shop_s_own_tests_pass(shop_env):
+    """The shop's tests (sample_project/shop/tests.py in Django's TestCase,
+    test_api.py with pytest-django and outbox_app.testing's fixtures), on the
+    database under test: by Django's runner and by pytest."""
+    django = _manage(shop_env, "test", "sample_project.shop", "--noinput", check=False)
+    assert django.returncode == 0, django.stderr
+    assert re.search(r"^Ran [1-9]\d* tests", django.stderr, flags=re.M), django.stderr
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "sample_project"],
+        cwd=ROOT,
+        env=shop_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"\b[1-9]\d* passed", ran.stdout), ran.stdout
+
+
 def test_business_rule_failure_expires_as_expected(shop_env, simulation):
     assert simulation.returncode == 0, simulation.stdout + simulation.stderr
     row = next(

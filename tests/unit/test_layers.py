@@ -22,7 +22,16 @@ LAYERS = {
     **dict.fromkeys(["execution", "publishing", "publishers"], 3),
     **dict.fromkeys(["relay", "inbox", "middleware"], 4),
     **dict.fromkeys(
-        ["ops", "admin", "management", "tasks", "apps", "templatetags", "__init__"],
+        [
+            "ops",
+            "admin",
+            "management",
+            "tasks",
+            "apps",
+            "templatetags",
+            "testing",
+            "__init__",
+        ],
         5,
     ),
 }
