@@ -56,3 +56,45 @@ def outcome_writes(captured_queries) -> int:
         )
         for q in captured_queries
     )
+
+
+def taken() -> bool:
+    """Whether a relay has taken deliveries it has not recorded yet: a
+    RUNNING row, or a cursor under a lease."""
+    from outbox_app import Delivery
+    from outbox_app.store.lifecycle import State
+    from outbox_app.store.models import Cursor
+
+    return (
+        Delivery.objects.filter(state=State.RUNNING).exists()
+        or Cursor.objects.exclude(lease_token=None).exists()
+    )
+
+
+def succeeded(using: str = "default") -> int:
+    """How many deliveries are done, whichever engine delivered them: SUCCEEDED
+    rows, and events a cursor read past with no row of them (of a type its
+    subscriber's active subscriptions take), in one query per engine."""
+    from django.db import connections
+
+    from outbox_app import Delivery
+    from outbox_app.store.lifecycle import State
+    from outbox_app.store.sql import dialect
+    from outbox_app.subscribers import WILDCARD
+
+    rows = Delivery.objects.using(using).filter(state=State.SUCCEEDED).count()
+    d = dialect(using)
+    if d.stream is None:
+        return rows
+    text = (
+        f"SELECT COUNT(*) FROM {d.e} e JOIN {d.c} c ON {d.cursor_covers()} "
+        f"WHERE e.fanned_out IS NULL AND e.event_type IS NOT NULL "
+        f"AND {d.cursor_passed()} AND EXISTS (SELECT 1 FROM {d.s} s "
+        "WHERE s.subscriber = c.subscriber AND s.retired_at IS NULL AND "
+        f"(s.event_type = '{WILDCARD}' OR s.event_type = e.event_type)) "
+        f"AND NOT EXISTS (SELECT 1 FROM {d.n} x WHERE x.event_id = e.id "
+        "AND x.subscriber = c.subscriber)"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [])
+        return rows + cursor.fetchone()[0]

@@ -236,9 +236,14 @@ class Outcomes:
         """Hand ``ids`` back unattempted, due at ``due`` (default now). Returns
         rows released; the others are no longer this batch's."""
         released = self.gateway.release(self.token, ids, self.now(), due)
-        self.report.released += released
-        relay_metrics.outcome(self.subscriber.name, "released", released)
+        self.handed_back(released)
         return released
+
+    def handed_back(self, count: int) -> None:
+        """Count ``count`` deliveries handed back unattempted (their rows
+        released, or a stream's cursor left before them)."""
+        self.report.released += count
+        relay_metrics.outcome(self.subscriber.name, "released", count)
 
     def lost(self, count: int, what: str = "ran") -> None:
         """``count`` rows turned out to be another relay's (their lease ran

@@ -737,6 +737,9 @@ class StreamSettlement:
             failures = [f for f in failures if f[0].position < stop]
             delivered = [c for c in delivered if c.position < stop]
             written, _ = self.settle(upto, failures, [], end=False)
+            self.outcomes.handed_back(
+                sum(1 for c in self.batch.contexts if c.position >= stop)
+            )
         else:
             written, _ = self.settle(self.batch.last, failures, [], end=True)
         self.outcomes.delivered(delivered, self.outcomes.now())

@@ -41,6 +41,7 @@ from outbox_app.publishers.kafka import KafkaPublisher
 from outbox_app.relay import deliver
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
+from tests import kit
 from tests.processes import Watched, publisher_relay, wait_for
 from tests.testapp.events import OrderPlaced
 
@@ -447,14 +448,11 @@ def stopped(relay: Watched) -> None:
 
 
 def delivered(relay: Watched, count: int) -> None:
-    """Wait until ``count`` deliveries are SUCCEEDED, then stop ``relay``
-    (SIGTERM): it must exit cleanly."""
+    """Wait until ``count`` deliveries are done (SUCCEEDED), then stop
+    ``relay`` (SIGTERM): it must exit cleanly."""
     try:
         wait_for(
-            lambda: (
-                Delivery.objects.filter(state=State.SUCCEEDED).count() == count
-                or relay.process.poll() is not None
-            ),
+            lambda: kit.succeeded() == count or relay.process.poll() is not None,
             60,
             f"the relay to deliver {count} events",
         )

@@ -34,6 +34,7 @@ from outbox_app.publishers.nats import JetStreamPublisher
 from outbox_app.relay import deliver, relay_once
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
+from tests import kit
 from tests.processes import Watched, publisher_relay, wait_for
 from tests.services import NATS_URL, through
 from tests.testapp.events import OrderPlaced
@@ -504,14 +505,11 @@ def options(url: str, unique: str, **extra) -> dict:
 
 
 def delivered(relay: Watched, count: int) -> None:
-    """Wait until ``count`` deliveries are SUCCEEDED, then stop ``relay``
-    (SIGTERM): it must exit cleanly."""
+    """Wait until ``count`` deliveries are done (SUCCEEDED), then stop
+    ``relay`` (SIGTERM): it must exit cleanly."""
     try:
         wait_for(
-            lambda: (
-                Delivery.objects.filter(state=State.SUCCEEDED).count() == count
-                or relay.process.poll() is not None
-            ),
+            lambda: kit.succeeded() == count or relay.process.poll() is not None,
             60,
             f"the relay to deliver {count} events",
         )

@@ -15,8 +15,9 @@ from django.db import transaction
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from outbox_app import Delivery, publish
+from outbox_app import publish
 from outbox_app.store.lifecycle import State
+from tests import kit
 from tests.processes import Watched, spawn, wait_for
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
@@ -95,9 +96,7 @@ def test_one_trace_from_the_request_to_the_consumer(rabbitmq, unique, spans, tmp
         )
         assert relay.process.wait(60) == 0, relay.text()
         relay.stop()
-        assert set(Delivery.objects.values_list("state", flat=True)) == {
-            State.SUCCEEDED
-        }
+        assert set(kit.states()) == {State.SUCCEEDED}
 
         def handled() -> bool:
             return SideEffect.objects.filter(handler="tests.inbox").exists() and any(
