@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
+from kombu.utils.json import object_hook
 
 from ..conf import mask_url, outbox_settings
 from ..exceptions import PublisherUnavailable
@@ -87,7 +88,10 @@ class CeleryPublisher(Publisher):
     :func:`celery_app`'s (its broker, serializer and routes are used).
 
     Behaviour: a task is sent as ``app.send_task(task, args, kwargs,
-    task_id=<event id>, **options)`` without kombu's own retries, so a
+    task_id=<event id>, **options)`` without kombu's own retries, its
+    arguments read back as Celery's JSON serializer reads them (``enqueue()``
+    wrote them so: a Decimal, UUID, datetime, date, time or bytes is itself
+    again, whatever the app's serializer), so a
     redelivery carries the same task id; it is reported delivered once
     ``send_task`` returns, which with RabbitMQ means the broker confirmed it
     only when the app publishes with confirms (``broker_transport_options =
@@ -133,8 +137,8 @@ class CeleryPublisher(Publisher):
                     try:
                         app.send_task(
                             task["task"],
-                            args=task["args"],
-                            kwargs=task["kwargs"],
+                            args=_read(task["args"]),
+                            kwargs=_read(task["kwargs"]),
                             task_id=str(message.event_id),
                             producer=producer,
                             retry=False,
@@ -175,3 +179,21 @@ class CeleryPublisher(Publisher):
         they are dead, and the next batch connects anew."""
         self.app.amqp.producer_pool.force_close_all(close_pool=False)
         self.app.pool.force_close_all(close_pool=False)
+
+
+def _read(value: Any) -> Any:
+    """``value`` (stored JSON) with kombu's ``{"__type__": ...,
+    "__value__": ...}`` objects turned back into their types, innermost
+    first, as Celery's JSON serializer reads a message
+    (``kombu.utils.json.loads``). One of a type this process has not
+    registered (``kombu.utils.json.register_type``) is sent as it is: the
+    worker's JSON serializer reads it."""
+    if isinstance(value, list):
+        return [_read(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    value = {key: _read(item) for key, item in value.items()}
+    try:
+        return object_hook(value)
+    except ValueError:  # "Unsupported type": the worker's to read
+        return value

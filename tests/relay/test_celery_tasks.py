@@ -5,7 +5,9 @@ caller's transaction, the relay's CeleryPublisher sends it with ``send_task``
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
+import math
 import signal
 import uuid
 
@@ -16,10 +18,12 @@ from django.utils import timezone
 
 from outbox_app import OutboxEvent, enqueue
 from outbox_app.exceptions import (
+    InvalidPayload,
     NoTaskPublisher,
     OutboxRequiresActiveTransaction,
     PublisherUnavailable,
     UnsupportedTask,
+    UnsupportedTaskArgument,
 )
 from outbox_app.ops.checks import check_settings
 from outbox_app.publishers.base import build_publisher
@@ -32,6 +36,7 @@ from tests.processes import Watched, celery_worker, free_port, spawn, wait_for
 
 TASKS = {"tasks": {"BACKEND": TASK_BACKEND}}
 RECORD = "tests.record_task"
+RECORD_ARGUMENTS = "tests.record_arguments"
 
 
 @pytest.fixture
@@ -91,6 +96,32 @@ def test_what_enqueue_cannot_send_is_refused_and_nothing_written(
     settings.OUTBOX_PUBLISHERS = {}
     with transaction.atomic(), pytest.raises(NoTaskPublisher, match=TASK_BACKEND):
         enqueue(one)
+    assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_arguments_celerys_json_cannot_carry_are_refused_by_name(tasks_publisher):
+    """What ``delay()`` with Celery's JSON serializer refuses (kombu's
+    ``EncodeError``), and what the outbox cannot store though that JSON
+    writes it (NaN), are refused by ``enqueue()`` before anything is
+    written, naming the argument."""
+    refused = [
+        (signature(RECORD_ARGUMENTS, args=("/tmp/x", {1, 2})), "args[1]", "set"),
+        (signature(RECORD_ARGUMENTS, kwargs={"who": object()}), "kwargs.who", "object"),
+        (
+            signature(RECORD_ARGUMENTS, args=([1.0, math.nan],)),
+            "args[0]",
+            "Out of range float",
+        ),
+    ]
+    with transaction.atomic():
+        for value, field, why in refused:
+            with pytest.raises(UnsupportedTaskArgument, match=why) as raised:
+                enqueue(value)
+            assert raised.value.field == field
+            # Caught as what enqueue() refused, and as an unusable payload.
+            assert isinstance(raised.value, UnsupportedTask)
+            assert isinstance(raised.value, InvalidPayload)
     assert not OutboxEvent.objects.exists()
 
 
@@ -232,3 +263,59 @@ def test_a_relay_killed_between_send_and_record_sends_it_again_with_its_id(
         second.stop()
     assert ran(out) == [(str(event.id), "once")] * 2  # at most twice, one id
     assert Delivery.objects.get().attempts == 2
+
+
+#: Arguments ``str()`` would flatten: Celery's JSON serializer (kombu's)
+#: carries each as its own type.
+TYPED_ARGUMENTS = (
+    decimal.Decimal("19.90"),
+    uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e"),
+    datetime.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=datetime.UTC),
+    datetime.datetime(2026, 1, 2, 3, 4, 5),
+    datetime.date(2026, 1, 2),
+    datetime.time(3, 4, 5, 6),
+    b"raw \xff bytes",
+    ("a", "tuple"),
+    {"nested": [decimal.Decimal("0.1"), {"at": datetime.date(2026, 2, 3)}]},
+)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_task_receives_the_arguments_delay_would_give_it(
+    broker, tmp_path, settings
+):
+    """Decimal, UUID, datetime, date, time and bytes reach the task as those
+    types (``enqueue()`` wrote them as strings before), exactly as the same
+    call's ``delay()`` gives them, on RabbitMQ and on Redis."""
+    from celery import Celery
+
+    settings.OUTBOX_PUBLISHERS = TASKS
+    out = tmp_path / "ran"
+    kwargs = {"amount": decimal.Decimal("1.50"), "when": TYPED_ARGUMENTS[2]}
+    with transaction.atomic():
+        event = enqueue(
+            signature(
+                RECORD_ARGUMENTS, args=(str(out), *TYPED_ARGUMENTS), kwargs=kwargs
+            )
+        )
+    direct = Celery("delay", set_as_current=False)
+    direct.conf.update(
+        broker_url=broker["OUTBOX_TEST_CELERY_BROKER"],
+        task_default_queue=broker["OUTBOX_TEST_CELERY_QUEUE"],
+    )
+    delayed = direct.signature(
+        RECORD_ARGUMENTS, args=(str(out), *TYPED_ARGUMENTS), kwargs=kwargs
+    ).delay()
+    process = relay(broker)
+    try:
+        wait_for(lambda: len(ran(out)) >= 2, 60, "the worker to run both tasks")
+    finally:
+        process.stop()
+        direct.close()
+    received = dict(ran(out))
+    assert received[str(event.id)] == received[delayed.id]
+    assert received[str(event.id)].startswith(
+        "(Decimal('19.90'), UUID('0f8fad5b-d9cb-469f-a165-70867728950e'), "
+        "datetime.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo="
+    )
