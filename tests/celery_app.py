@@ -23,6 +23,8 @@ app.conf.update(
     beat_schedule=beat_schedule(
         interval=float(os.environ.get("OUTBOX_TEST_BEAT_INTERVAL", "1.0"))
     ),
+    # None (the default): no result backend.
+    result_backend=os.environ.get("OUTBOX_TEST_CELERY_RESULT_BACKEND"),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
