@@ -29,7 +29,6 @@ import datetime
 import json
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ..conf import outbox_settings
@@ -56,11 +55,13 @@ def enqueue(signature: Any, *, using: str | None = None) -> OutboxEvent:
             (``deliver_at``: the relay sends it then, and Celery runs it at
             once); ``expires`` (seconds from now, or an aware datetime / ISO
             text) is the event's ``expires_at`` too (not sent by then:
-            SKIPPED) and reaches Celery as that time. Arguments are stored
-            as Celery's JSON serializer writes them, and the task receives
-            them as ``delay()`` with that serializer gives them (a Decimal,
-            UUID, datetime, date, time or bytes as itself, a tuple as a
-            list), whatever the app's serializer. Options must be JSON.
+            SKIPPED) and reaches Celery as that time. Seconds count from
+            now by the database's clock, as ``publish()``'s timedeltas.
+            Arguments are stored as Celery's JSON serializer writes them,
+            and the task receives them as ``delay()`` with that serializer
+            gives them (a Decimal, UUID, datetime, date, time or bytes as
+            itself, a tuple as a list), whatever the app's serializer.
+            Options must be JSON.
         using: database alias of the transaction; default: the router's.
 
     Returns:
@@ -88,7 +89,10 @@ def enqueue(signature: Any, *, using: str | None = None) -> OutboxEvent:
             f"{TASK_BACKEND!r}, so no relay would send the task; nothing was "
             "written"
         )
-    now = timezone.now()
+    # "From now" by the database's clock, which the relays compare with.
+    from ..store.clock import database_now  # the models: loads before them
+
+    now = database_now(using, writer=True)
     deliver_at = _time(options.pop("eta", None), now, "eta")
     countdown = options.pop("countdown", None)
     if countdown is not None:  # as in Celery: countdown over eta
