@@ -205,17 +205,13 @@ def publish(
             f"aggregate_version must be an integer or None, got "
             f"{aggregate_version!r}; nothing was written"
         )
-    # Times by the database's clock (a writer's host may be minutes off): the
-    # stamps, and "from now" for each alias's relays.
+    # By the database's clock, not this host's (which may be minutes off): the
+    # rows' stamps, and "from now" of each alias's schedule.
     now = database_now(aliases[0], writer=True)
-    schedules = [_schedule(deliver_at, expires_at, now)]
-    if deliver_at is not None or expires_at is not None:
-        schedules += [
-            _schedule(deliver_at, expires_at, database_now(alias, writer=True))
-            for alias in aliases[1:]
-        ]
-    else:
-        schedules *= len(aliases)
+    schedules = [_schedule(deliver_at, expires_at, now)] + [
+        _schedule(deliver_at, expires_at, database_now(alias, writer=True))
+        for alias in aliases[1:]
+    ]
     extras = dict(schedules[0])
     if operation is not None:
         if not isinstance(operation, str) or not operation:
