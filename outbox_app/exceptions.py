@@ -91,6 +91,15 @@ class UnsupportedTask(InvalidEvent):
     not a Celery signature. Nothing is written."""
 
 
+class UnsupportedTaskArgument(UnsupportedTask, InvalidPayload):
+    """An argument given to ``enqueue()`` that Celery's JSON serializer
+    (kombu's) cannot write (a set, an arbitrary object: ``delay()`` refuses
+    it too) or that the outbox cannot store although that JSON writes it (a
+    NaN or infinite float); ``field`` names it (``args[1]``, ``kwargs.who``).
+    Nothing is written. Both an :class:`UnsupportedTask` and an
+    :class:`InvalidPayload`."""
+
+
 class NoTaskPublisher(OutboxError, ImproperlyConfigured):
     """``enqueue()`` was called while no ``OUTBOX_PUBLISHERS`` entry has the
     backend ``outbox_app.publishers.celery.CeleryPublisher``: no relay would

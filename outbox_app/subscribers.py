@@ -43,7 +43,8 @@ class DeliveryContext:
         aggregate_type, aggregate_id, aggregate_version: the aggregate, if any.
         headers: the envelope headers given to ``publish()``.
         tenant_id, action_id: tenant and action, if any.
-        occurred_at: when the event was published (aware datetime).
+        occurred_at: when the event was published (aware datetime), by the
+            database's clock (``publish()`` stamps it, as its ``created_at``).
         attempt: this delivery attempt, 1 for the first.
         subscriber: the receiving subscriber's name.
         delivery_id: the delivery row being delivered; None when stream

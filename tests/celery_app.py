@@ -22,6 +22,8 @@ app.conf.update(
     beat_schedule=beat_schedule(
         interval=float(os.environ.get("OUTBOX_TEST_BEAT_INTERVAL", "1.0"))
     ),
+    # None (the default): no result backend.
+    result_backend=os.environ.get("OUTBOX_TEST_CELERY_RESULT_BACKEND"),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
@@ -33,3 +35,11 @@ def record_task(self, path: str, value) -> None:
     """Append ``<task id> <value>`` to the file ``path``: what ran, and as what."""
     with open(path, "a") as file:
         file.write(f"{self.request.id} {value}\n")
+
+
+@app.task(name="tests.record_arguments", bind=True)
+def record_arguments(self, path: str, *args, **kwargs) -> None:
+    """Append ``<task id> <repr of args and kwargs>`` to the file ``path``: the
+    arguments as the task received them, types included."""
+    with open(path, "a") as file:
+        file.write(f"{self.request.id} {args!r} {sorted(kwargs.items())!r}\n")

@@ -15,14 +15,17 @@ every publisher.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import Celery
+from celery.result import denied_join_result
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
+from kombu.utils.json import object_hook
 
 from ..conf import mask_url, outbox_settings
 from ..exceptions import PublisherUnavailable
@@ -88,11 +91,21 @@ class CeleryPublisher(Publisher):
 
     Behaviour: a task is sent as ``app.send_task(task, args, kwargs,
     task_id=<event id>, **options)`` without kombu's own retries, so a
-    redelivery carries the same task id; it is reported delivered once
-    ``send_task`` returns, which with RabbitMQ means the broker confirmed it
-    only when the app publishes with confirms (``broker_transport_options =
-    {"confirm_publish": True}``; docs/celery.md). A broker that cannot be
-    reached or a connection lost fails the rest of the batch with
+    redelivery carries the same task id, its arguments read back as Celery's
+    JSON serializer reads them (``enqueue()`` wrote them so: a Decimal, UUID,
+    datetime, date, time or bytes is itself again, whatever the app's
+    serializer). It is reported delivered once ``send_task`` returns, which
+    with RabbitMQ means the broker confirmed it only when the app publishes
+    with confirms (``broker_transport_options = {"confirm_publish": True}``;
+    docs/celery.md).
+
+    Sending depends on the broker alone: the relay never reads a task's
+    result, so the app's result backend is left alone (Celery's Redis and RPC
+    backends would subscribe the sender to each result, and one that is down
+    would fail the send). A batch's sends end within half of
+    ``OUTBOX_LEASE_SECONDS`` (each AMQP publish and its confirm get the time
+    left), so none outlives the lease. A broker that cannot be reached, a
+    connection lost or a batch out of time fails the rest of the batch with
     :class:`~outbox_app.exceptions.PublisherUnavailable` (the relay pauses the
     publisher, counts no attempt, and resumes once :meth:`probe` connects);
     any other error fails that task alone (an attempt, retried with backoff).
@@ -126,34 +139,71 @@ class CeleryPublisher(Publisher):
         app = self.app
         outcomes: list[BaseException | None] = []
         lost = (OSError, *self._connection_errors())
+        budget = outbox_settings.LEASE_SECONDS / 2
+        deadline = time.monotonic() + budget
         try:
-            with app.producer_or_acquire() as producer:
-                for message in messages:
-                    task = message.payload
-                    try:
-                        app.send_task(
-                            task["task"],
-                            args=task["args"],
-                            kwargs=task["kwargs"],
-                            task_id=str(message.event_id),
-                            producer=producer,
-                            retry=False,
-                            **task["options"],
-                        )
-                    except lost:
-                        raise
-                    except Exception as exc:  # this task alone
-                        outcomes.append(exc)
-                    else:
-                        outcomes.append(None)
+            # Nothing here joins a result: Celery's result backends then
+            # subscribe to none (denied_join_result, as Celery's own worker).
+            with denied_join_result(), app.producer_or_acquire() as producer:
+                try:
+                    self._send_each(producer, messages, deadline, lost, outcomes)
+                except lost:
+                    # Dropped without the closing handshake: a broker that
+                    # stopped answering would hold the close as it held the
+                    # send.
+                    producer.connection.collect()
+                    raise
         except lost as exc:
             self._forget_connections()
             where = mask_url(app.conf.broker_url or "the Celery broker")
-            error = failure(
-                PublisherUnavailable, f"send_task to {where} failed: {exc}", exc
-            )
+            text = f"send_task to {where} failed: {exc}"
+            if time.monotonic() >= deadline:
+                text += (
+                    f" (past the {budget:g} s a batch's sends get: half of "
+                    "OUTBOX_LEASE_SECONDS)"
+                )
+            error = failure(PublisherUnavailable, text, exc)
             outcomes += [error] * (len(messages) - len(outcomes))
         return outcomes
+
+    def _send_each(
+        self,
+        producer: Any,
+        messages: Sequence[DeliveryContext],
+        deadline: float,
+        lost: tuple[type[BaseException], ...],
+        outcomes: list[BaseException | None],
+    ) -> None:
+        """Send each message's task with ``producer``, appending its outcome
+        to ``outcomes``; each publish and its confirm get the time left until
+        ``deadline`` (``time.monotonic()``, seconds).
+
+        Raises:
+            What ``lost`` holds: the connection failed, or time is up
+                (``TimeoutError``).
+        """
+        app = self.app
+        for message in messages:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("out of time")
+            task = message.payload
+            try:
+                app.send_task(
+                    task["task"],
+                    args=_read(task["args"]),
+                    kwargs=_read(task["kwargs"]),
+                    task_id=str(message.event_id),
+                    producer=producer,
+                    retry=False,
+                    **{**task["options"], "timeout": left, "confirm_timeout": left},
+                )
+            except lost:
+                raise
+            except Exception as exc:  # this task alone
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
 
     def probe(self) -> None:
         """Connect to the app's broker once; raises while it is down."""
@@ -175,3 +225,21 @@ class CeleryPublisher(Publisher):
         they are dead, and the next batch connects anew."""
         self.app.amqp.producer_pool.force_close_all(close_pool=False)
         self.app.pool.force_close_all(close_pool=False)
+
+
+def _read(value: Any) -> Any:
+    """``value`` (stored JSON) with kombu's ``{"__type__": ...,
+    "__value__": ...}`` objects turned back into their types, innermost
+    first, as Celery's JSON serializer reads a message
+    (``kombu.utils.json.loads``). One of a type this process has not
+    registered (``kombu.utils.json.register_type``) is sent as it is: the
+    worker's JSON serializer reads it."""
+    if isinstance(value, list):
+        return [_read(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    value = {key: _read(item) for key, item in value.items()}
+    try:
+        return object_hook(value)
+    except ValueError:  # "Unsupported type": the worker's to read
+        return value

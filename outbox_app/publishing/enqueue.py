@@ -16,18 +16,23 @@ it::
 
     {"task": "shop.tasks.send_receipt", "args": [42], "kwargs": {},
      "options": {"queue": "mail"}}
+
+Its arguments are written as Celery's JSON serializer (kombu's) writes them:
+a Decimal, UUID, datetime, date, time or bytes as kombu's ``{"__type__":
+..., "__value__": ...}`` object, which the publisher reads back into that
+type before ``send_task()``, so the task receives what ``delay()`` gives it.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ..conf import outbox_settings
-from ..exceptions import NoTaskPublisher, UnsupportedTask
+from ..exceptions import NoTaskPublisher, UnsupportedTask, UnsupportedTaskArgument
 
 if TYPE_CHECKING:
     from ..store.models import OutboxEvent
@@ -50,9 +55,13 @@ def enqueue(signature: Any, *, using: str | None = None) -> OutboxEvent:
             (``deliver_at``: the relay sends it then, and Celery runs it at
             once); ``expires`` (seconds from now, or an aware datetime / ISO
             text) is the event's ``expires_at`` too (not sent by then:
-            SKIPPED) and reaches Celery as that time. Arguments and options
-            must be JSON (the outbox stores them; Celery's ``json``
-            serializer sends them).
+            SKIPPED) and reaches Celery as that time. Seconds count from
+            now by the database's clock, as ``publish()``'s timedeltas.
+            Arguments are stored as Celery's JSON serializer writes them,
+            and the task receives them as ``delay()`` with that serializer
+            gives them (a Decimal, UUID, datetime, date, time or bytes as
+            itself, a tuple as a list), whatever the app's serializer.
+            Options must be JSON.
         using: database alias of the transaction; default: the router's.
 
     Returns:
@@ -62,12 +71,15 @@ def enqueue(signature: Any, *, using: str | None = None) -> OutboxEvent:
     Raises:
         UnsupportedTask: a chain, group or chord (enqueue each task, or a task
             that runs the canvas), a ``task_id`` option, or not a signature.
+        UnsupportedTaskArgument: an argument Celery's JSON serializer cannot
+            write (a set, an object), or a NaN or infinite float.
         NoTaskPublisher: no ``OUTBOX_PUBLISHERS`` entry has the backend
             ``outbox_app.publishers.celery.CeleryPublisher``.
         OutboxRequiresActiveTransaction, InvalidPayload, InvalidSchedule:
             as :func:`~outbox_app.publish`. Nothing is written.
     """
     task, args, kwargs, options = _task(signature)
+    args, kwargs = _celery_json(task, args, kwargs)
     if not any(
         entry.get("BACKEND") == TASK_BACKEND
         for entry in outbox_settings.PUBLISHERS.values()
@@ -77,7 +89,10 @@ def enqueue(signature: Any, *, using: str | None = None) -> OutboxEvent:
             f"{TASK_BACKEND!r}, so no relay would send the task; nothing was "
             "written"
         )
-    now = timezone.now()
+    # "From now" by the database's clock, which the relays compare with.
+    from ..store.clock import database_now  # the models: loads before them
+
+    now = database_now(using, writer=True)
     deliver_at = _time(options.pop("eta", None), now, "eta")
     countdown = options.pop("countdown", None)
     if countdown is not None:  # as in Celery: countdown over eta
@@ -124,6 +139,40 @@ def _task(signature: Any) -> tuple[str, list, dict, dict[str, Any]]:
             "Nothing was written"
         )
     return signature.task, list(signature.args), dict(signature.kwargs), options
+
+
+def _celery_json(task: str, args: list, kwargs: dict) -> tuple[list, dict]:
+    """``args`` and ``kwargs`` as Celery's JSON serializer writes them
+    (``kombu.utils.json``), as JSON types: kombu's ``{"__type__": ...,
+    "__value__": ...}`` objects for a Decimal, UUID, datetime, date, time or
+    bytes (and for a type registered with ``kombu.utils.json.register_type``).
+
+    Raises:
+        UnsupportedTaskArgument: a value kombu's JSON cannot write, or a NaN
+            or infinite float (no database's JSON stores one).
+    """
+    from kombu.utils.json import dumps
+
+    try:
+        return tuple(json.loads(dumps([args, kwargs], allow_nan=False)))
+    except (TypeError, ValueError):
+        pass
+    named = [(f"args[{i}]", value) for i, value in enumerate(args)]
+    named += [(f"kwargs.{key}", value) for key, value in kwargs.items()]
+    for field, value in named:
+        try:
+            dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedTaskArgument(
+                f"enqueue({task!r}): {field} cannot be sent as Celery's JSON "
+                f"serializer writes it, which the outbox stores: {exc}; nothing "
+                "was written",
+                field=field,
+            ) from exc
+    raise UnsupportedTaskArgument(  # a key of kwargs that is not a string
+        f"enqueue({task!r}): the kwargs {sorted(map(repr, kwargs))} cannot be "
+        "sent as Celery's JSON serializer writes them; nothing was written"
+    )
 
 
 def _time(value: Any, now: datetime.datetime, name: str):

@@ -41,6 +41,7 @@ from ..exceptions import (
     OutboxRequiresActiveTransaction,
 )
 from ..execution import tracing
+from ..store.clock import database_now
 from ..store.gateway import streaming
 from ..store.sql import PRIMARY_KEY, dialect
 
@@ -175,6 +176,11 @@ def publish(
         expires_at: deliver the events by this aware datetime (or within this
             long from now) or not at all: a delivery still waiting then is
             SKIPPED with the error type ``EventExpired``.
+            "Now", for a timedelta and for what is past, is the database's
+            clock (:func:`~outbox_app.store.clock.database_now`), which the
+            relays compare these times with, not this host's; with several
+            aliases, each one's. The rows' ``occurred_at`` and
+            ``created_at`` are stamped by it too.
         operation: what happened to the aggregate, a field of the envelope
             (CloudEvents ``operation``, routing key ``{operation}``); tracked
             models (:func:`outbox_app.track`) set ``create``, ``update``,
@@ -215,7 +221,14 @@ def publish(
             f"aggregate_version must be an integer or None, got "
             f"{aggregate_version!r}; nothing was written"
         )
-    extras = _schedule(deliver_at, expires_at)
+    # By the database's clock, not this host's (which may be minutes off): the
+    # rows' stamps, and "from now" of each alias's schedule.
+    now = database_now(aliases[0], writer=True)
+    schedules = [_schedule(deliver_at, expires_at, now)] + [
+        _schedule(deliver_at, expires_at, database_now(alias, writer=True))
+        for alias in aliases[1:]
+    ]
+    extras = dict(schedules[0])
     if operation is not None:
         if not isinstance(operation, str) or not operation:
             raise InvalidEvent(
@@ -225,15 +238,19 @@ def publish(
         extras["operation"] = require_storable(operation, "operation", 32)
     with tracing.creating(headers) as span:
         rows, texts = _rows(
-            events, aggregate, aggregate_version, headers, tenant_id, extras
+            events, aggregate, aggregate_version, headers, tenant_id, extras, now
         )
         _write(rows, texts, aliases[0], span)
         written = list(rows)
-        for alias in aliases[1:]:
+        for alias, schedule in zip(aliases[1:], schedules[1:], strict=True):
             # A row knows its one database: each alias gets rows of its own,
-            # holding the same values (so ``texts`` still holds their JSON).
+            # holding the same values (so ``texts`` still holds their JSON)
+            # but the schedule counted from its own clock.
             fields = _unset()[1]
-            copies = [_row({f: getattr(row, f) for f in fields}) for row in rows]
+            copies = [
+                _row({**{f: getattr(row, f) for f in fields}, **schedule})
+                for row in rows
+            ]
             _write(copies, texts, alias)
             written += copies
     return written
@@ -259,10 +276,11 @@ def publish_each(
     _require_transaction(using)
     rows: list[OutboxEvent] = []
     texts: dict[int, str] = {}
+    now = database_now(using, writer=True)
     with tracing.creating(None) as span:
         for event, aggregate in items:
             more, more_texts = _rows(
-                [event], aggregate, None, None, None, {"operation": operation}
+                [event], aggregate, None, None, None, {"operation": operation}, now
             )
             rows += more
             texts.update(more_texts)
@@ -333,7 +351,7 @@ def outbox_action(
     # action still leaves its sentinel.
     if not action.wrote():
         _require_transaction(alias)
-        now = timezone.now()
+        now = database_now(alias, writer=True)
         sentinel = OutboxEvent(
             namespace=outbox_settings.NAMESPACE,
             action_id=action.id,
@@ -418,17 +436,19 @@ def _max_length(name: str) -> int:
     return OutboxEvent._meta.get_field(name).max_length
 
 
-def _schedule(deliver_at, expires_at) -> dict[str, datetime.datetime | None]:
-    """``deliver_at`` and ``expires_at`` as aware datetimes or None: a
-    deliver_at already past is None (at once).
+def _schedule(
+    deliver_at, expires_at, now: datetime.datetime
+) -> dict[str, datetime.datetime | None]:
+    """``deliver_at`` and ``expires_at`` as aware datetimes or None, a
+    timedelta counted from ``now`` (the database's clock): a deliver_at
+    already past by it is None (at once).
 
     Raises:
         InvalidSchedule: not an aware datetime nor a timedelta; expiring at
-            or before it is due, or already expired.
+            or before it is due, or at or before ``now``.
     """
     if deliver_at is None and expires_at is None:
         return {}
-    now = timezone.now()
     times = {}
     for name, value in (("deliver_at", deliver_at), ("expires_at", expires_at)):
         if isinstance(value, datetime.timedelta):
@@ -458,9 +478,10 @@ def _schedule(deliver_at, expires_at) -> dict[str, datetime.datetime | None]:
     return times
 
 
-def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
-    """The rows of one publish() and, by ``id()`` of each JSON value, the JSON
-    text that stores it (encoded once, when it was validated)."""
+def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras, now):
+    """The rows of one publish(), stamped ``now``, and, by ``id()`` of each
+    JSON value, the JSON text that stores it (encoded once, when it was
+    validated)."""
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     if isinstance(tenant_id, str):
         require_storable(tenant_id, "tenant_id", _max_length("tenant_id"))
@@ -476,7 +497,6 @@ def _rows(events, aggregate, aggregate_version, headers, tenant_id, extras):
     envelope, envelope_text = to_json(dict(headers or {}), "headers", max_bytes)
     texts = {id(envelope): envelope_text}
     namespace = outbox_settings.NAMESPACE
-    now = timezone.now()
     rows = []
     for position, event in enumerate(events):
         encoded = encode(event, max_bytes)

@@ -17,8 +17,12 @@ reset, channel closed, confirm timeout; or an ``OSError`` a backend raises) is
 a property of the destination, not of the messages. Their rows are handed back
 with no attempt counted, and the publisher is paused as a whole: no claims for
 it until a probe (:meth:`Publisher.probe`) succeeds, tried after a capped,
-jittered backoff (``OUTBOX_PAUSE_MAX_SECONDS``). One line is logged when it
-pauses and one when it resumes; ``outbox_status`` and the admin overview show
+jittered backoff (``OUTBOX_PAUSE_MAX_SECONDS``). The first batch after a
+passing probe settles it: the publisher resumes once that batch reaches the
+destination, and the batch's outage counts as a failed probe (a publisher
+without a probe of its own is probed by that batch alone), so the backoff
+holds for every publisher. One line is logged when it pauses and one when it
+resumes; ``outbox_status`` and the admin overview show
 the pause (:class:`~outbox_app.store.models.SubscriberPause`). An outage of any
 length ends with every event delivered and none DEAD. Per-message outcomes
 (a nack, an unroutable message) count as attempts and follow the retry policy;
@@ -104,6 +108,10 @@ class PublisherRunner:
         self.in_flight = sent
         if last:
             self.finish()
+        if not fresh:  # nothing to send: a probe that passed has the last word
+            pauses.resume(
+                self.publisher, batch.clock(), batch.gateway.using, sent=False
+            )
 
     def _send(self, contexts: list[DeliveryContext]) -> Any:
         """Put ``contexts`` on the wire (:meth:`Publisher.send`) in a span; a
@@ -225,7 +233,10 @@ class PublisherRunner:
             failures,
             lambda outcomes, contexts: self._mark(outcomes, contexts, sent.backlog),
         )
-        if outages:
+        if not outages:
+            if pairs:  # the destination answered
+                pauses.resume(self.publisher, batch.clock(), batch.gateway.using)
+        else:
             pauses.pause(
                 self.publisher,
                 outages[0][1],
@@ -301,12 +312,15 @@ class Pause:
         resume_at: when the next probe may run.
         probes: probes that failed since it paused.
         reason: the transport error that paused it.
+        trial: a probe passed and the next batch decides: resumed once it
+            reaches the destination, a failed probe if it does not.
     """
 
     since: datetime.datetime
     resume_at: datetime.datetime
     probes: int
     reason: str
+    trial: bool = False
 
 
 class Pauses:
@@ -349,9 +363,10 @@ class Pauses:
                 pause = Pause(since=now, resume_at=now, probes=0, reason=reason)
                 self._paused[publisher.name] = pause
                 relay_metrics.paused(publisher.name, True)
-            else:
+            else:  # a probe failed, or the batch sent on trial
                 pause.probes += 1
                 pause.reason = reason
+                pause.trial = False
             pause.resume_at = now + datetime.timedelta(
                 seconds=probe_delay(pause.probes, rng)
             )
@@ -375,9 +390,11 @@ class Pauses:
         rng: random.Random | None = None,
     ) -> bool:
         """Whether the relay may claim for ``publisher`` now: not paused, or
-        paused and a probe, due now, succeeds (which resumes it)."""
+        paused and a probe, due now, succeeds (which puts it on trial: the
+        next batch resumes it, :meth:`resume`, or counts as a failed probe,
+        :meth:`pause`)."""
         pause = self._paused.get(publisher.name)
-        if pause is None:
+        if pause is None or pause.trial:
             return True
         if now < pause.resume_at:
             return False
@@ -386,8 +403,26 @@ class Pauses:
         except Exception as exc:
             self.pause(publisher, exc, now, using, rng)
             return False
+        pause.trial = True
+        return True
+
+    def resume(
+        self,
+        publisher: Publisher,
+        now: datetime.datetime,
+        using: str,
+        *,
+        sent: bool = True,
+    ) -> None:
+        """A batch reached ``publisher``'s destination (``sent``), or a
+        publisher on trial had nothing to send (``sent=False``: its probe's
+        word stands): resume it if it is paused; logs once."""
+        pause = self._paused.get(publisher.name)
+        if pause is None or not (sent or pause.trial):
+            return
         with self._lock:
-            self._paused.pop(publisher.name, None)
+            if self._paused.pop(publisher.name, None) is None:
+                return  # another thread resumed it
         relay_metrics.paused(publisher.name, False)
         logger.warning(
             "%s: destination reachable again, publisher resumed after %.0f s "
@@ -398,7 +433,6 @@ class Pauses:
             extra={"subscriber": publisher.name},
         )
         _save(using, publisher.name, pause, now)
-        return True
 
 
 #: This process's paused publishers.

@@ -40,14 +40,20 @@ class _Reading:
 _readings: dict[str, _Reading] = {}
 
 
-def database_now(alias: str | None = None) -> datetime.datetime:
+def database_now(
+    alias: str | None = None, *, writer: bool = False
+) -> datetime.datetime:
     """The time by the clock of database ``alias``'s server (default: the
     outbox's, ``router.db_for_write(OutboxEvent)``), to compare with and to
-    compute the times stored there: leases, due times, expiry, completions.
+    compute the times stored there: leases, due times, expiry, completions,
+    and the times ``publish()`` stamps and counts from.
 
     The server's clock is read (:attr:`Dialect.clock_sql`, one query) on the
     first call of a process and every :data:`CLOCK_REFRESH_SECONDS`, never
-    inside a transaction once read; in between it runs on
+    inside a transaction once read unless ``writer`` (``publish()``, whose
+    calls all run in its caller's transaction: a web process would otherwise
+    run on its first reading for good, and a monotonic clock stops while
+    its virtual machine is suspended); in between it runs on
     ``time.monotonic()`` from the reading (taken as the middle of the round
     trip), so a host clock that is wrong, or steps, changes nothing. When
     the host's clock agrees with the estimate within the reading's
@@ -71,7 +77,7 @@ def database_now(alias: str | None = None) -> datetime.datetime:
     sql = dialect(alias).clock_sql
     if sql is None:
         return host
-    reading = _reading(alias, sql)
+    reading = _reading(alias, sql, writer)
     estimate = reading.at + datetime.timedelta(
         seconds=time.monotonic() - reading.monotonic
     )
@@ -82,12 +88,12 @@ def database_now(alias: str | None = None) -> datetime.datetime:
     return estimate
 
 
-def _reading(alias: str, sql: str) -> _Reading:
+def _reading(alias: str, sql: str, writer: bool) -> _Reading:
     reading = _readings.get(alias)
     connection = connections[alias]
     if reading is not None and (
         time.monotonic() - reading.monotonic < CLOCK_REFRESH_SECONDS
-        or connection.in_atomic_block
+        or (connection.in_atomic_block and not writer)
     ):
         return reading
     try:

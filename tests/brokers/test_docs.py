@@ -35,12 +35,20 @@ def webhook_class() -> type[Publisher]:
 @pytest.fixture
 def server():
     received: list[tuple[str, dict, dict]] = []
+    heads: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, dict(self.headers), json.loads(body)))
             self.send_response(500 if self.path == "/broken" else 204)
+            self.end_headers()
+
+        def do_HEAD(self):
+            heads.append(self.path)
+            # A gateway whose endpoint is down, or an endpoint that takes POST
+            # alone.
+            self.send_response(503 if self.path == "/down" else 405)
             self.end_headers()
 
         def log_message(self, *args):
@@ -50,6 +58,7 @@ def server():
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     httpd.received = received
+    httpd.heads = heads
     yield httpd
     httpd.shutdown()
     httpd.server_close()
@@ -89,3 +98,16 @@ def test_the_webhook_example_reports_an_unreachable_endpoint_as_an_outage(
     )
     assert all(isinstance(o, PublisherUnavailable) for o in outcomes), outcomes
     assert "refused" in str(outcomes[0]).lower()
+
+
+def test_the_webhook_example_probes_without_posting(webhook_class, server):
+    base = f"http://127.0.0.1:{server.server_port}"
+    webhook_class("hook", {"URL": f"{base}/hooks/outbox"}).probe()  # it answers
+    with pytest.raises(OSError, match="503"):  # a gateway says it is down
+        webhook_class("hook", {"URL": f"{base}/down"}).probe()
+    assert server.heads == ["/hooks/outbox", "/down"]
+    assert server.received == []  # no event was sent to learn it
+    server.shutdown()
+    server.server_close()
+    with pytest.raises(OSError, match="refused"):
+        webhook_class("hook", {"URL": f"{base}/hooks/outbox"}).probe()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import shutil
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from django.db import transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import Delivery, publish
+from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.models import Subscription
 from outbox_app.ops.purge import cutoff_for
 from outbox_app.relay import deliver, fan_out, relay_once
@@ -310,3 +311,73 @@ def test_operator_actions_on_a_skewed_host_use_the_databases_clock(skew, seconds
     # Within a second of the minute left (the database's clock reads its own
     # time, a hair off the host's); a 90 s skew would be far outside.
     assert 55_000 <= _ttl(context) <= 61_000
+
+
+# --- a writer whose host's clock is wrong --------------------------------------------
+
+
+@pytest.mark.slow
+@skewed_databases
+def test_a_writer_behind_the_database_counts_from_the_databases_clock(registered):
+    """A web or worker host 120 s behind the database turned "a minute from
+    now" into a time a minute gone: its expiring event was skipped as expired
+    the moment it committed (and nothing told the caller), its scheduled
+    event and its countdown task went out at once. Relative times are now
+    counted from the database's clock, "not after now" is checked against
+    it, and so is the event's own time stamped."""
+    if shutil.which("faketime") is None:
+        pytest.fail("faketime is not installed (apt-get install faketime)")
+    seen = []
+
+    @registered(OrderPlaced, name="clock.writer")
+    def record(event, context):
+        seen.append(event.order_id)
+
+    tasks = {"tasks": {"BACKEND": "outbox_app.publishers.celery.CeleryPublisher"}}
+    writer = spawn(
+        "-m",
+        "tests.clock_writer",
+        clock="-120s",
+        OUTBOX_TEST_PUBLISHERS=json.dumps(tasks),
+    )
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    written = json.loads(out)
+    now = database_now()
+    # A minute after its own clock is a minute ago by the database's: refused.
+    assert "is not after now" in (written["refused"] or "")
+    relay_once(kind="handler")
+    assert seen == [1]  # the expiring event is delivered, the scheduled one waits
+    relay_once(kind="handler", now=now + datetime.timedelta(seconds=50))
+    assert seen == [1]
+    relay_once(kind="handler", now=now + datetime.timedelta(seconds=65))
+    assert seen == [1, 2]
+    task = OutboxEvent.objects.get(id=written["task"])
+    due = (task.deliver_at - now).total_seconds()
+    expires = datetime.datetime.fromisoformat(task.payload["options"]["expires"])
+    assert 50 < due <= 60 and 110 < (expires - now).total_seconds() <= 120
+    event = OutboxEvent.objects.get(id=written["expiring"])
+    assert abs((event.occurred_at - now).total_seconds()) < 10
+
+
+@skewed_databases
+def test_a_writer_reads_the_clock_again_inside_its_transaction(monkeypatch):
+    """``publish()`` runs in its caller's transaction, where a relay never
+    reads the clock again: a web process would count from its first reading
+    for good, and that estimate runs on the monotonic clock, which stops
+    while a virtual machine is suspended. A writer reads it again there once
+    the reading is due."""
+    from outbox_app.store import clock
+
+    suspended = clock._Reading(  # read an hour before a suspend of an hour
+        at=true_now() - datetime.timedelta(hours=1),
+        monotonic=time.monotonic() - clock.CLOCK_REFRESH_SECONDS - 1,
+        error=0.001,
+    )
+    monkeypatch.setattr(clock, "_readings", {"default": suspended})
+    with transaction.atomic():
+        assert not near(database_now(), 3000)  # the relay's rule: no query here
+        [event] = publish(
+            OrderPlaced(order_id=1, total=decimal.Decimal(1)), expires_at=MINUTE
+        )
+    assert near(event.occurred_at) and near(event.expires_at - MINUTE)

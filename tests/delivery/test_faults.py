@@ -10,21 +10,26 @@ shared by threads, is in tests/brokers/test_threads.py.
 
 from __future__ import annotations
 
+import datetime
+import random
 import signal
+import socket
 import threading
 import time
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test import skipUnlessDBFeature
+from django.utils import timezone
 
 from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.events.ids import new_event_id
+from outbox_app.models import SubscriberPause
 from outbox_app.publishers.base import Publisher
 from outbox_app.relay.registry import get
 from outbox_app.store.lifecycle import State
 from tests import kit
-from tests.processes import spawn, wait_for
+from tests.processes import free_port, spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
 
@@ -358,7 +363,6 @@ def test_no_batch_is_claimed_ahead_for_a_paused_publisher(registered):
     claimed ahead for a paused publisher and handed back at every iteration
     (72,114 releases in a 60 s outage), each a window in which a relay killed
     meanwhile left an attempt counted on a row never sent."""
-    from django.utils import timezone
 
     from outbox_app.relay.sending import pauses
 
@@ -382,3 +386,53 @@ def test_no_batch_is_claimed_ahead_for_a_paused_publisher(registered):
     assert report.succeeded == 30
     assert report.released == 0
     assert Delivery.objects.filter(subscriber="down", attempts=0).count() == 30
+
+
+# --- a publisher without probe() ------------------------------------------------
+
+
+def test_a_publisher_without_a_probe_backs_off_instead_of_flapping(caplog):
+    """Found by a new user: the docs' webhook publisher (no ``probe()``), its
+    endpoint down, paused and resumed about twice a second (an ERROR and a
+    WARNING line and a POST each time), since the default probe always
+    passes. The first batch after a resume is the probe that decides: its
+    outage counts as a failed probe, so the probe schedule (0.5 s doubling to
+    ``OUTBOX_PAUSE_MAX_SECONDS``) holds for every publisher."""
+    port = free_port()
+    batches = []
+
+    class Probeless(Publisher):  # no probe(): the next batch is the probe
+        def send_batch(self, messages):
+            batches.append(len(messages))
+            # Refused while nothing listens on the port: an outage (OSError).
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return [None] * len(messages)
+
+    hook = Probeless("hook", {})
+    place(3)
+    fan_out(subscribers=[hook])
+    start = timezone.now()
+    rng = random.Random(7)
+    for tenth in range(600):  # a minute of the relay's clock
+        deliver([hook], now=start + _tenths(tenth), rng=rng)
+    paused = [r for r in caplog.records if "publisher paused" in r.getMessage()]
+    resumed = [r for r in caplog.records if "publisher resumed" in r.getMessage()]
+    assert (len(paused), len(resumed)) == (1, 0)
+    # Sends at 0 s, then after 0.25-0.5, 0.5-1, 1-2, ... 15-30, 15-30 s more:
+    # at most 9 in a minute (it was about 150).
+    assert 6 <= len(batches) <= 9, batches
+    pause = SubscriberPause.objects.get()
+    assert pause.resumed_at is None and pause.probes == len(batches) - 1
+    assert set(Delivery.objects.values_list("state", "attempts")) == {
+        (State.PENDING, 0)
+    }
+    with socket.create_server(("127.0.0.1", port)):  # the endpoint is back
+        report = deliver([hook], now=start + _tenths(1200), rng=rng)
+    assert report.succeeded == 3
+    resumed = [r for r in caplog.records if "publisher resumed" in r.getMessage()]
+    assert len(resumed) == 1
+    assert SubscriberPause.objects.get().resumed_at is not None
+
+
+def _tenths(count: int) -> datetime.timedelta:
+    return datetime.timedelta(seconds=count / 10)

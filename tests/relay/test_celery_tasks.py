@@ -5,8 +5,11 @@ caller's transaction, the relay's CeleryPublisher sends it with ``send_task``
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
+import math
 import signal
+import threading
 import uuid
 
 import pytest
@@ -16,10 +19,12 @@ from django.utils import timezone
 
 from outbox_app import OutboxEvent, enqueue
 from outbox_app.exceptions import (
+    InvalidPayload,
     NoTaskPublisher,
     OutboxRequiresActiveTransaction,
     PublisherUnavailable,
     UnsupportedTask,
+    UnsupportedTaskArgument,
 )
 from outbox_app.ops.checks import check_settings
 from outbox_app.publishers.base import build_publisher
@@ -33,6 +38,7 @@ from tests.services import RABBITMQ_URL, REDIS_URL
 
 TASKS = {"tasks": {"BACKEND": TASK_BACKEND}}
 RECORD = "tests.record_task"
+RECORD_ARGUMENTS = "tests.record_arguments"
 
 
 @pytest.fixture
@@ -95,6 +101,32 @@ def test_what_enqueue_cannot_send_is_refused_and_nothing_written(
     assert not OutboxEvent.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_arguments_celerys_json_cannot_carry_are_refused_by_name(tasks_publisher):
+    """What ``delay()`` with Celery's JSON serializer refuses (kombu's
+    ``EncodeError``), and what the outbox cannot store though that JSON
+    writes it (NaN), are refused by ``enqueue()`` before anything is
+    written, naming the argument."""
+    refused = [
+        (signature(RECORD_ARGUMENTS, args=("/tmp/x", {1, 2})), "args[1]", "set"),
+        (signature(RECORD_ARGUMENTS, kwargs={"who": object()}), "kwargs.who", "object"),
+        (
+            signature(RECORD_ARGUMENTS, args=([1.0, math.nan],)),
+            "args[0]",
+            "Out of range float",
+        ),
+    ]
+    with transaction.atomic():
+        for value, field, why in refused:
+            with pytest.raises(UnsupportedTaskArgument, match=why) as raised:
+                enqueue(value)
+            assert raised.value.field == field
+            # Caught as what enqueue() refused, and as an unusable payload.
+            assert isinstance(raised.value, UnsupportedTask)
+            assert isinstance(raised.value, InvalidPayload)
+    assert not OutboxEvent.objects.exists()
+
+
 def test_the_publisher_takes_tasks_only(settings):
     with pytest.raises(Exception, match="'EVENT_TYPES' is fixed"):
         build_publisher("tasks", {"BACKEND": TASK_BACKEND, "EVENT_TYPES": ["*"]})
@@ -126,6 +158,46 @@ def test_an_unreachable_broker_is_an_outage_not_a_failure(settings):
     with pytest.raises(Exception):  # noqa: B017 (the broker's own error)
         publisher.probe()
     publisher.close()
+
+
+@pytest.mark.services("rabbitmq")
+def test_a_send_ends_within_half_a_lease_when_no_confirm_comes(settings):
+    """RabbitMQ stops answering in the middle of the relay's connection (its
+    confirms lost, a blocked connection): ``send_task`` waited for the
+    confirm without end, past the lease, while another relay took the batch
+    over. The batch's sends now end within half a lease, as an outage."""
+    from tests.brokers.proxy import TcpProxy
+
+    settings.OUTBOX_LEASE_SECONDS = 4
+    proxy = TcpProxy(("127.0.0.1", 5672))
+    queue = f"outbox-tasks-{uuid.uuid4().hex[:8]}"
+    settings.OUTBOX_CELERY_APP = None
+    settings.CELERY_BROKER_URL = f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    publisher = CeleryPublisher("tasks", {})
+
+    def message():
+        task = {"task": RECORD, "args": [], "kwargs": {}, "options": {"queue": queue}}
+        return type("Message", (), {"event_id": uuid.uuid4(), "payload": task})()
+
+    outcomes = []
+    try:
+        assert publisher.send_batch([message()]) == [None]  # connected, confirmed
+        proxy.freeze()  # no confirm comes back
+        sending = threading.Thread(
+            target=lambda: outcomes.extend(publisher.send_batch([message(), message()]))
+        )
+        sending.start()
+        sending.join(60)  # half a lease is 2 s; before, it never returned
+        assert not sending.is_alive(), "the send outlived the lease"
+    finally:
+        proxy.thaw()
+        proxy.close()
+        publisher.close()
+        with publisher.app.connection_for_write(BROKERS["rabbitmq"]) as connection:
+            connection.default_channel.queue_delete(queue)
+    assert [type(o) for o in outcomes] == [PublisherUnavailable] * 2
+    assert "2 s" in str(outcomes[0])
 
 
 # --- a real worker ----------------------------------------------------------------
@@ -162,6 +234,21 @@ def relay(env: dict, **more: str) -> Watched:
     )
 
 
+def relay_until_delivered(env: dict, out, count: int, **more: str) -> None:
+    """A relay process runs until the worker ran ``count`` tasks (recorded in
+    ``out``) and their deliveries are SUCCEEDED."""
+    process = relay(env, **more)
+    try:
+        wait_for(lambda: len(ran(out)) >= count, 60, f"the worker to run {count} tasks")
+        wait_for(
+            lambda: Delivery.objects.filter(state=State.SUCCEEDED).count() == count,
+            30,
+            "the deliveries marked",
+        )
+    finally:
+        process.stop()
+
+
 def ran(path) -> list[tuple[str, str]]:
     """(task id, value) of each run the worker recorded."""
     if not path.exists():
@@ -182,16 +269,7 @@ def test_a_committed_task_runs_once_a_rolled_back_one_never(broker, tmp_path, se
             raise RuntimeError("roll back")
     except RuntimeError:
         pass
-    process = relay(broker)
-    try:
-        wait_for(lambda: len(ran(out)) >= 3, 60, "the worker to run 3 tasks")
-        wait_for(
-            lambda: Delivery.objects.filter(state=State.SUCCEEDED).count() == 3,
-            30,
-            "the deliveries marked",
-        )
-    finally:
-        process.stop()
+    relay_until_delivered(broker, out, 3)
     assert sorted(ran(out)) == sorted(
         (str(e.id), str(i)) for i, e in enumerate(committed)
     )
@@ -230,3 +308,77 @@ def test_a_relay_killed_between_send_and_record_sends_it_again_with_its_id(
         second.stop()
     assert ran(out) == [(str(event.id), "once")] * 2  # at most twice, one id
     assert Delivery.objects.get().attempts == 2
+
+
+#: Arguments ``str()`` would flatten: Celery's JSON serializer (kombu's)
+#: carries each as its own type.
+TYPED_ARGUMENTS = (
+    decimal.Decimal("19.90"),
+    uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e"),
+    datetime.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=datetime.UTC),
+    datetime.datetime(2026, 1, 2, 3, 4, 5),
+    datetime.date(2026, 1, 2),
+    datetime.time(3, 4, 5, 6),
+    b"raw \xff bytes",
+    ("a", "tuple"),
+    {"nested": [decimal.Decimal("0.1"), {"at": datetime.date(2026, 2, 3)}]},
+)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_task_receives_the_arguments_delay_would_give_it(
+    broker, tmp_path, settings
+):
+    """Decimal, UUID, datetime, date, time and bytes reach the task as those
+    types (``enqueue()`` wrote them as strings before), exactly as the same
+    call's ``delay()`` gives them, on RabbitMQ and on Redis."""
+    from celery import Celery
+
+    settings.OUTBOX_PUBLISHERS = TASKS
+    out = tmp_path / "ran"
+    kwargs = {"amount": decimal.Decimal("1.50"), "when": TYPED_ARGUMENTS[2]}
+    with transaction.atomic():
+        event = enqueue(
+            signature(
+                RECORD_ARGUMENTS, args=(str(out), *TYPED_ARGUMENTS), kwargs=kwargs
+            )
+        )
+    direct = Celery("delay", set_as_current=False)
+    direct.conf.update(
+        broker_url=broker["OUTBOX_TEST_CELERY_BROKER"],
+        task_default_queue=broker["OUTBOX_TEST_CELERY_QUEUE"],
+    )
+    delayed = direct.signature(
+        RECORD_ARGUMENTS, args=(str(out), *TYPED_ARGUMENTS), kwargs=kwargs
+    ).delay()
+    process = relay(broker)
+    try:
+        wait_for(lambda: len(ran(out)) >= 2, 60, "the worker to run both tasks")
+    finally:
+        process.stop()
+        direct.close()
+    received = dict(ran(out))
+    assert received[str(event.id)] == received[delayed.id]
+    assert received[str(event.id)].startswith(
+        "(Decimal('19.90'), UUID('0f8fad5b-d9cb-469f-a165-70867728950e'), "
+        "datetime.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo="
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_result_backend_that_is_down_costs_no_attempt(broker, tmp_path, settings):
+    """Celery's Redis result backend subscribes the sender to each task's
+    result: with it down, each send blocked ~19 s in its reconnect loop and
+    failed ("Retry limit exceeded ... result store"), an attempt counted, DEAD
+    after OUTBOX_MAX_ATTEMPTS. The relay never reads a result: its sends
+    leave the result backend alone, and the tasks run."""
+    settings.OUTBOX_PUBLISHERS = TASKS
+    out = tmp_path / "ran"
+    with transaction.atomic():
+        events = [enqueue(signature(RECORD, args=(str(out), i))) for i in range(3)]
+    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    relay_until_delivered(broker, out, 3, OUTBOX_TEST_CELERY_RESULT_BACKEND=down)
+    assert sorted(ran(out)) == sorted((str(e.id), str(i)) for i, e in enumerate(events))
+    assert set(Delivery.objects.values_list("attempts", flat=True)) == {1}
