@@ -382,6 +382,8 @@ def deliver(
                 )
                 if streamed_more and subscriber not in still_busy:
                     still_busy.append(subscriber)
+                if runner is not None:
+                    runner.turn_done(batch.clock(), using)
                 delivering = time.monotonic() - began
                 if len(batch):
                     relay_metrics.batch(subscriber.name, delivering)

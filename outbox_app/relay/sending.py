@@ -72,6 +72,7 @@ class PublisherRunner:
         self.rng = rng
         self.policy = RetryPolicy.of(publisher)
         self.in_flight: _Sent | None = None
+        self.sent_in_turn = False
         self.marks = Sidecar(using, "outbox-mark")
         self.marking: list[tuple[Future, RelayReport, RelayReport]] = []
 
@@ -108,10 +109,16 @@ class PublisherRunner:
         self.in_flight = sent
         if last:
             self.finish()
-        if not fresh:  # nothing to send: a probe that passed has the last word
-            pauses.resume(
-                self.publisher, batch.clock(), batch.gateway.using, sent=False
-            )
+        if fresh:
+            self.sent_in_turn = True
+
+    def turn_done(self, now, using: str) -> None:
+        """A subscriber's turn (its rows and its stream) ended: if nothing
+        was sent in it, a probe that passed has the last word (the publisher
+        on trial resumes)."""
+        if not self.sent_in_turn:
+            pauses.resume(self.publisher, now, using, sent=False)
+        self.sent_in_turn = False
 
     def _send(self, contexts: list[DeliveryContext]) -> Any:
         """Put ``contexts`` on the wire (:meth:`Publisher.send`) in a span; a
