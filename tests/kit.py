@@ -72,9 +72,16 @@ def taken() -> bool:
 
 
 def succeeded(using: str = "default") -> int:
-    """How many deliveries are done, whichever engine delivered them: SUCCEEDED
-    rows, and events a cursor read past with no row of them (of a type its
-    subscriber's active subscriptions take), in one query per engine."""
+    """How many deliveries are done, whichever engine delivered them (see
+    :func:`succeeded_ids`)."""
+    return sum(succeeded_ids(using).values())
+
+
+def succeeded_ids(using: str = "default") -> Counter:
+    """The events delivered, counted once per subscriber that is done with
+    them: SUCCEEDED rows, and events a cursor read past with no row of them
+    (of a type its subscriber's active subscriptions take), one query per
+    engine."""
     from django.db import connections
 
     from outbox_app import Delivery
@@ -82,12 +89,16 @@ def succeeded(using: str = "default") -> int:
     from outbox_app.store.sql import dialect
     from outbox_app.subscribers import WILDCARD
 
-    rows = Delivery.objects.using(using).filter(state=State.SUCCEEDED).count()
+    done = Counter(
+        Delivery.objects.using(using)
+        .filter(state=State.SUCCEEDED)
+        .values_list("event_id", flat=True)
+    )
     d = dialect(using)
     if d.stream is None:
-        return rows
+        return done
     text = (
-        f"SELECT COUNT(*) FROM {d.e} e JOIN {d.c} c ON {d.cursor_covers()} "
+        f"SELECT e.id FROM {d.e} e JOIN {d.c} c ON {d.cursor_covers()} "
         f"WHERE e.fanned_out IS NULL AND e.event_type IS NOT NULL "
         f"AND {d.cursor_passed()} AND EXISTS (SELECT 1 FROM {d.s} s "
         "WHERE s.subscriber = c.subscriber AND s.retired_at IS NULL AND "
@@ -97,4 +108,5 @@ def succeeded(using: str = "default") -> int:
     )
     with connections[using].cursor() as cursor:
         cursor.execute(text, [])
-        return rows + cursor.fetchone()[0]
+        done.update(d.uuid_value(row[0]) for row in cursor.fetchall())
+    return done

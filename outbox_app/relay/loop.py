@@ -356,9 +356,10 @@ def deliver(
                     ):
                         ahead.submit(following[0], claim)
                 began = time.monotonic()
-                if runner is not None:
+                if runner is not None and (len(batch) or cursors is None):
                     # An ordered publisher's next heads appear only once this
-                    # batch is marked: no window for it.
+                    # batch is marked: no window for it. (With streams, an
+                    # empty claim leaves the window to the stream's batch.)
                     runner.deliver(batch, report, last=not more or subscriber.ordered)
                 elif len(batch):
                     outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
