@@ -152,7 +152,7 @@ from bench import (  # noqa: E402
 )
 from bench.benchapp.events import OrderPlaced  # noqa: E402
 from outbox_app import Delivery, OutboxEvent, publish  # noqa: E402
-from outbox_app.models import SubscriberPause, Subscription  # noqa: E402
+from outbox_app.models import Cursor, SubscriberPause, Subscription  # noqa: E402
 from outbox_app.relay.loop import HELD_REFRESH_SECONDS  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
 
@@ -246,17 +246,33 @@ def start_up(**env: str) -> float:
 
 
 def reset() -> None:
-    """Empty the outbox tables (and the recorded pauses and subscriptions)."""
+    """Empty the outbox tables (and the recorded pauses, subscriptions and
+    cursors)."""
     with connection.cursor() as cursor:
-        for model in (Delivery, OutboxEvent, SubscriberPause, Subscription):
+        for model in (Delivery, OutboxEvent, SubscriberPause, Subscription, Cursor):
             cursor.execute(f"DELETE FROM {model._meta.db_table}")
     vacuum()
 
 
-def publish_backlog(events: int) -> None:
+def record(**env: str) -> None:
+    """Record the subscribers a relay with ``env`` has, as a deploy does
+    (``outbox_subscribers --record``, or ``migrate``): stream delivery starts
+    for them now, before the backlog is published."""
+    subprocess.run(
+        [*relay_command()[:3], "outbox_subscribers", "--record", "--settings",
+         "bench.settings"],
+        cwd=ROOT,
+        env=child_env(**env),
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+
+def publish_backlog(events: int, **env: str) -> None:
     """``events`` committed OrderPlaced events, 1,000 per transaction, not fanned
-    out."""
+    out, for the subscribers a relay with ``env`` has (recorded first)."""
     reset()
+    record(**env)
     publish_orders(events, "bench.Order")
     vacuum()
 
@@ -313,7 +329,7 @@ def broker(args: argparse.Namespace) -> None:
     cpu: dict[str, list[dict[str, float]]] = {"raw pika": [], "relay --once": []}
     for round_ in range(args.rounds):
         empty.append(start_up(**env))
-        publish_backlog(args.events)
+        publish_backlog(args.events, **env)
         messages = [
             rabbit.encode(context_for(event, subscriber=PUBLISHER))
             for event in OutboxEvent.objects.iterator(chunk_size=2000)
@@ -326,7 +342,7 @@ def broker(args: argparse.Namespace) -> None:
         rates["raw py-amqp"].append(rabbit.raw_amqp(messages, EXCHANGE))
         for i, (name, extra) in enumerate(variants.items()):
             if i:
-                publish_backlog(args.events)
+                publish_backlog(args.events, **env)
             rabbit.declare(EXCHANGE, QUEUE)
             meter.start()
             rates[name].append(args.events / relay_once(args.events, *extra, **env))
@@ -373,7 +389,7 @@ def handlers(args: argparse.Namespace) -> None:
     empty: list[float] = []
     for round_ in range(args.rounds):
         empty.append(start_up(BENCH_NOOP_HANDLER="1"))
-        publish_backlog(args.events)
+        publish_backlog(args.events, BENCH_NOOP_HANDLER="1")
         seconds = relay_once(args.events, BENCH_NOOP_HANDLER="1")
         rates["relay --once"].append(args.events / seconds)
         copy_as_pending("bench.baseline")
@@ -476,7 +492,7 @@ def scaleout(args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for n in counts:
             if not args.running:
-                publish_backlog(args.events)
+                publish_backlog(args.events, **env)
             if args.to == "rabbitmq":
                 rabbit.declare(EXCHANGE, QUEUE)
             if args.running:
@@ -531,7 +547,7 @@ def scheduled(args: argparse.Namespace) -> None:
     tomorrow = datetime.timedelta(days=1)
     noop = {"BENCH_NOOP_HANDLER": "1"}
     for round_ in range(args.rounds):
-        publish_backlog(args.events)
+        publish_backlog(args.events, **noop)
         rates[alone].append(args.events / relay_once(args.events, **noop))
         # The same table sizes without a schedule: what the size alone costs.
         for name, ahead, schedule in (

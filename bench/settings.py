@@ -53,3 +53,7 @@ OUTBOX_INBOX_EXCHANGE = os.environ.get("BENCH_INBOX_EXCHANGE", "outbox")
 # A figure beside the defaults: OUTBOX_PREPARED_STATEMENTS=1 in the environment
 # (passed on to the relay processes) turns the relay's prepared statements on.
 OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_PREPARED_STATEMENTS") == "1"
+# A figure of either delivery engine: OUTBOX_ENGINE=stream or rows in the
+# environment (passed on to the relay processes); unset: the default.
+if os.environ.get("OUTBOX_ENGINE"):
+    OUTBOX_ENGINE = os.environ["OUTBOX_ENGINE"]

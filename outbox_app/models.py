@@ -3,6 +3,7 @@
 
 from .store.models import (
     ConsumerSubscription,
+    Cursor,
     Delivery,
     InboxMessage,
     Notification,
@@ -14,6 +15,7 @@ from .store.models import (
 
 __all__ = [
     "ConsumerSubscription",
+    "Cursor",
     "Delivery",
     "InboxMessage",
     "Notification",

@@ -72,7 +72,10 @@ class Hold:
         cursor_id: its row.
         partition, partitions: which slice of its subscriber's events.
         token: the lease token every move is fenced by.
-        reading: where it reads next: what is delivered, ahead of the row.
+        reading: what is delivered (ahead of the row, whose write may wait).
+        ahead: where the next batch is read from, when batches read are not
+            all delivered yet (a publisher's confirm window); None: from
+            ``reading``.
         written: the reading as the row has it.
         renewed: ``time.monotonic()`` when the lease was last written.
         stop: where it stops (the subscriber's partitions are changing).
@@ -91,6 +94,7 @@ class Hold:
     written: Reading
     renewed: float
     stop: str | None = None
+    ahead: Reading | None = None
     walk: bool = False
     ticked: bool = False
     wanted: bool = False
@@ -445,6 +449,9 @@ class StreamBatch:
     held: set[tuple[str, str]] = field(default_factory=set)
     fanned_out: int = 0
     payload_bytes: int = 0
+    start: Reading | None = None
+    settled: Reading | None = None
+    end: Reading | None = None
 
     @classmethod
     def read(
@@ -465,15 +472,19 @@ class StreamBatch:
         started = time.monotonic()
         using = cursors.using
         now = now or database_now(using)
-        reading = hold.reading
+        # After a batch sent and not confirmed yet, the next one is read
+        # from where that one ends.
+        start = hold.ahead or hold.reading
+        reading = start
         if hold.stop is not None and reading.next_tick is None:
             # A cursor that stops reads its last tick up to the stop (none
             # when it is there: drained, it is deleted at the next turn).
-            reading = Reading(reading.tick, hold.stop, reading.position)
-            if hold.drained:
+            if reading.tick == hold.stop:
                 return cls(
-                    subscriber, hold, cursors, None, [], [], 0, False, now, started
-                )
+                    subscriber, hold, cursors, None, [], [], 0, False, now, started,
+                    start=start, settled=start, end=start,
+                )  # fmt: skip
+            reading = Reading(reading.tick, hold.stop, reading.position)
         found = cursors.stream.read(
             subscriber.name,
             reading,
@@ -492,19 +503,31 @@ class StreamBatch:
             found.tick,
             [],
             [],
-            hold.reading.position,
+            start.position,
             found.more,
             now,
             started,
+            start=start,
+            settled=start,
         )
-        if found.more and hold.reading.next_tick is None:
+        if found.more and start.next_tick is None:
             # A large tick: its first batch came sorted from the transaction
             # id index; the rest is read on in position order.
             hold.walk = True
         for streamed in found.events:
             batch._take(streamed.context, streamed.held)
         batch.payload_bytes = sum(c.payload_bytes for c in batch.contexts)
+        batch.end = hold.ahead = batch.reading_to(batch.last, finished=not found.more)
         return batch
+
+    def reading_to(self, upto: int, *, finished: bool) -> Reading:
+        """The cursor's reading once this batch is delivered up to position
+        ``upto`` (``finished``: to its end, with nothing left in the tick)."""
+        if self.tick is None:  # a position alone
+            return Reading(None, None, upto)
+        if finished:
+            return Reading(self.tick, None, 0)
+        return Reading(self.start.tick, self.tick, upto)
 
     def _take(self, context: DeliveryContext, held: bool) -> None:
         position = context.position
@@ -672,6 +695,8 @@ class StreamSettlement:
         if self._undo is not None:
             hold = self.batch.hold
             hold.reading, hold.written, hold.ticked, aside = self._undo
+            self.batch.settled = hold.reading
+            hold.ahead = None
             for a in aside:
                 a.written = False
             self._undo = None
@@ -686,21 +711,27 @@ class StreamSettlement:
         """The relay stops: the cursor stays before the events not attempted
         yet."""
         self.ended = True
+        self.batch.hold.ahead = None
 
     def finish(self) -> None:
         """Move the cursor past the whole batch, writing the rows of the
         events set aside, if no group did (a batch with nothing to deliver
         now, or whose last event was set aside)."""
-        batch = self.batch
-        if self.ended or batch.hold.lost:
+        batch, hold = self.batch, self.batch.hold
+        if self.ended or hold.lost:
             return
-        if batch.hold.reading.position == batch.last and not batch.aside_waiting():
+        if hold.reading != batch.settled:  # a batch before stopped short
+            hold.ahead = None
+            return
+        if batch.last == batch.settled.position and not batch.aside_waiting():
             if not batch.more and batch.tick is not None:
                 # Nothing left in the tick: the next read takes a new one
                 # (the row is written with the next move, or the lease).
-                batch.hold.reading = Reading(batch.tick, None, 0)
-                batch.hold.ticked = True
-                batch.hold.walk = False
+                hold.reading = batch.settled = batch.end
+                hold.ticked = True
+                hold.walk = False
+            if hold.ahead == hold.reading:
+                hold.ahead = None
             return
         self.settle(batch.last, [], [], end=True)
 
@@ -728,6 +759,13 @@ class StreamSettlement:
         if not (delivered or outages or failures):
             self.finish()
             return
+        try:
+            self._sent(delivered, outages, failures)
+        except _NotContiguous:
+            # Sent again once the cursor gets there (at least once).
+            self.outcomes.handed_back(len(self.batch.contexts))
+
+    def _sent(self, delivered, outages, failures) -> None:
         if outages:
             stop = min(c.position for c in outages)
             upto = max(
@@ -737,6 +775,7 @@ class StreamSettlement:
             failures = [f for f in failures if f[0].position < stop]
             delivered = [c for c in delivered if c.position < stop]
             written, _ = self.settle(upto, failures, [], end=False)
+            self.batch.hold.ahead = None  # read again from the first outage
             self.outcomes.handed_back(
                 sum(1 for c in self.batch.contexts if c.position >= stop)
             )
@@ -777,6 +816,11 @@ class StreamSettlement:
         batch, hold = self.batch, self.batch.hold
         if hold.lost:
             raise LeaseLost("the cursor's lease passed to another relay")
+        if hold.reading != batch.settled:
+            # A batch before this one stopped short (an outage): the cursor
+            # is not where this one began, and stays where it is.
+            hold.ahead = None
+            raise _NotContiguous
         # The lease follows the batch's clock (a test's, or the database's);
         # the rows are stamped with the database's.
         now, stamp = batch.clock(), self.outcomes.now()
@@ -818,6 +862,9 @@ class StreamSettlement:
             raise
         for a in aside:
             a.written = True
+        batch.settled = reading
+        if hold.ahead == reading:
+            hold.ahead = None
         if not inside:
             self._undo = None
         if finished:
@@ -835,6 +882,10 @@ class StreamSettlement:
             if i is not None
         ]
         return written, later
+
+
+class _NotContiguous(Exception):
+    """A batch's outcome arrives after one before it stopped short."""
 
 
 def _failed(

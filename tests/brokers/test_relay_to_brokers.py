@@ -105,6 +105,27 @@ def test_committed_events_reach_the_broker_in_aggregate_order(
 
 
 @pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
+def test_a_backlog_of_many_batches_is_sent_once_each(
+    request, broker_name, settings, unique
+):
+    """Batches follow each other with one on the wire while the one before is
+    confirmed: each event is sent once, none skipped."""
+    broker = request.getfixturevalue(broker_name)
+    queue = broker.bind(f"{unique}-q", unique)
+    configure(settings, broker.url, unique)
+    rows = []
+    for start in range(0, 50, 10):
+        with transaction.atomic():
+            rows += publish(
+                *[OrderPlaced(order_id=i, total=1) for i in range(start, start + 10)]
+            )
+    report = relay_once(kind="publisher", batch_size=8)
+    assert (report.succeeded, report.failed) == (50, 0)
+    ids = [m.properties["message_id"] for m in broker.drain(queue)]
+    assert sorted(ids) == sorted(str(r.id) for r in rows)
+
+
+@pytest.mark.parametrize("broker_name", ["rabbitmq", "redis"])
 def test_a_message_the_broker_can_never_take_expires_alone_and_nothing_pauses(
     request, broker_name, settings, unique
 ):
