@@ -19,18 +19,21 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from django.db.models import Min
+
 from ..conf import outbox_settings
 from ..events.ids import worker_name
 from ..execution.metrics import relay_metrics
 from ..publishers.base import Publisher
 from ..store.clock import database_now
-from ..store.models import Subscription
+from ..store.lifecycle import CLAIMABLE
+from ..store.models import Delivery, OutboxEvent, Subscription
 from ..subscribers import Handler, Kind, Subscriber
 from . import registry
 from .batch import Batch, ClaimAhead, Fold
 from .fanout import fan_out, recorded_types, subscribed_types
 from .handlers import run_handlers
-from .outcomes import Outcomes, RelayReport
+from .outcomes import RelayReport
 from .sending import PublisherRunner, pauses
 from .stream import Cursors, StreamBatch, streaming
 
@@ -101,6 +104,10 @@ class SubscriptionView:
         self._recorded: dict[str, frozenset[str] | None] = {}
         self._recorded_at: float | None = None
         self._cursors: Cursors | None = None
+        self._due: dict[str, datetime] = {}
+        self._due_read: float | None = None
+        self._awaiting = False
+        self._fanout_read: float | None = None
 
     def stream_types(self, subscriber: Subscriber) -> frozenset[str] | None:
         """The event types stream delivery reads for ``subscriber``: those of
@@ -120,6 +127,39 @@ class SubscriptionView:
         if subscriber.name not in self._recorded:
             return subscriber.event_types
         return self._recorded[subscriber.name]
+
+    def rows_due(self, subscriber: Subscriber, now: datetime) -> bool:
+        """Stream delivery: whether ``subscriber`` may have delivery rows due
+        (failed attempts' retries, events set aside, operators' requeues and
+        replays): the soonest due time of every subscriber's claimable rows,
+        read at most once every :data:`HELD_REFRESH_SECONDS` (a row due
+        meanwhile waits for the next reading, as a pause is seen)."""
+        clock = time.monotonic()
+        if self._due_read is None or clock - self._due_read >= HELD_REFRESH_SECONDS:
+            self._due = dict(
+                Delivery.objects.using(self.using)
+                .filter(state__in=CLAIMABLE)
+                .order_by()
+                .values_list("subscriber")
+                .annotate(Min("next_retry_at"))
+            )
+            self._due_read = clock
+        due = [self._due[n] for n in subscriber.stored_names if n in self._due]
+        return bool(due) and min(due) <= now
+
+    def awaiting_fanout(self) -> bool:
+        """Whether events wait for row delivery's fan-out (written by a writer
+        of an earlier version, or with ``OUTBOX_ENGINE = "rows"``), read at
+        most once every :data:`HELD_REFRESH_SECONDS`."""
+        clock = time.monotonic()
+        if self._fanout_read is None or clock - self._fanout_read >= (
+            HELD_REFRESH_SECONDS
+        ):
+            self._awaiting = (
+                OutboxEvent.objects.using(self.using).awaiting_fanout().exists()
+            )
+            self._fanout_read = clock
+        return self._awaiting
 
     def cursors(self, worker: str) -> Cursors:
         """The stream cursors this relay holds (kept with the view)."""
@@ -202,12 +242,14 @@ def _relay_once(kind, using, batch_size, max_seconds, now, stop, view) -> RelayR
     # (events only ordered subscribers, or subscribers of the other kind,
     # receive) is fanned out next, then delivered.
     report = deliver(max_seconds=remaining(), stop=stop, **options)
-    fanned_out = fan_out(
-        using=using,
-        batch_size=batch_size,
-        max_seconds=remaining(),
-        types_of=view.types,
-    )
+    fanned_out = 0
+    if not streaming(using) or view.awaiting_fanout():
+        fanned_out = fan_out(
+            using=using,
+            batch_size=batch_size,
+            max_seconds=remaining(),
+            types_of=view.types,
+        )
     report.fanned_out += fanned_out
     if fanned_out and not (stop and stop.is_set()) and remaining() != 0:
         report += deliver(max_seconds=remaining(), stop=stop, **options)
@@ -281,159 +323,215 @@ def deliver(
     if _next_first.get(using) in names:
         start = names.index(_next_first.pop(using))
         chosen = chosen[start:] + chosen[:start]
-    batch_size = batch_size or outbox_settings.BATCH_SIZE
-    worker = worker or worker_name()
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    stop = stop or threading.Event()
-    report = RelayReport()
-    ahead = ClaimAhead(using)
     own_view = view is None
     view = view or SubscriptionView(using)
-    held = view.held
-    cursors = view.cursors(worker) if streaming(using) else None
-    runners = {
-        s: PublisherRunner(s, using, rng) for s in chosen if isinstance(s, Publisher)
-    }
-    folding = None
-    if fold:
-        known = registry.subscribers()
-        names = {s.name for s in known}
-        known += [s for s in chosen if s.name not in names]
-        folding = Fold(view.types(known))
-
-    def claim(subscriber: Subscriber) -> Batch:
-        return Batch.claim(subscriber, using, batch_size, now, worker, folding)
-
-    delivering = 0.0  # seconds the last batch took to deliver
+    turns = _Turns(
+        chosen,
+        using=using,
+        batch_size=batch_size or outbox_settings.BATCH_SIZE,
+        now=now,
+        worker=worker or worker_name(),
+        rng=rng,
+        stop=stop or threading.Event(),
+        fold=fold,
+        claim_ahead=claim_ahead,
+        view=view,
+        deadline=None if max_seconds is None else time.monotonic() + max_seconds,
+    )
     try:
-        active = chosen
-        while active:
-            still_busy: list[Subscriber] = []
-            for position, subscriber in enumerate(active):
-                if stop.is_set():
-                    return report
-                if subscriber.name in held:
-                    continue
-                runner = runners.get(subscriber)
-                if runner is not None and not pauses.ready(
-                    subscriber, now or database_now(using), using, rng
-                ):
-                    runner.finish()
-                    continue
-                batch = ahead.take(subscriber) or claim(subscriber)
-                claimed = len(batch)
-                report.fanned_out += batch.fanned_out
-                if batch.fanned_out:
-                    # Rows for every subscriber: those claimed before this
-                    # fan-out look again this turn, not at the next wake-up.
-                    still_busy += [s for s in active[:position] if s not in still_busy]
-                report.claimed += claimed
-                lapsed = batch.take_lapsed()
-                if lapsed:
-                    Outcomes(batch.gateway, subscriber, batch.token, report).lapsed(
-                        lapsed
-                    )
-                # A full batch (in rows, or in bytes) may have more behind it;
-                # so may any batch of an ordered subscriber, which claims only
-                # each aggregate's head.
-                more = (
-                    claimed == batch_size
-                    or batch.near_budget()
-                    or (subscriber.ordered and claimed)
-                )
-                if more:
-                    still_busy.append(subscriber)
-                    # A backlog: claim the next batch on a second connection
-                    # while this one is delivered (unless time is up by then).
-                    following = active[position + 1 : position + 2] or still_busy
-                    if (
-                        claim_ahead
-                        and (
-                            deadline is None or time.monotonic() + delivering < deadline
-                        )
-                        and not pauses.paused(following[0].name)
-                        and following[0].name not in held
-                    ):
-                        ahead.submit(following[0], claim)
-                began = time.monotonic()
-                if runner is not None and (len(batch) or cursors is None):
-                    # An ordered publisher's next heads appear only once this
-                    # batch is marked: no window for it. (With streams, an
-                    # empty claim leaves the window to the stream's batch.)
-                    runner.deliver(batch, report, last=not more or subscriber.ordered)
-                elif len(batch):
-                    outcomes = Outcomes(batch.gateway, subscriber, batch.token, report)
-                    assert isinstance(subscriber, Handler)
-                    run_handlers(batch, subscriber, outcomes, stop, rng)
-                # The subscriber's stream: a batch per cursor it holds.
-                streamed_more = (
-                    cursors is not None
-                    and not stop.is_set()
-                    and _stream_turn(
-                        subscriber,
-                        cursors,
-                        runner,
-                        report,
-                        stop,
-                        rng,
-                        batch_size,
-                        now,
-                        view,
-                    )
-                )
-                if streamed_more and subscriber not in still_busy:
-                    still_busy.append(subscriber)
-                if runner is not None:
-                    runner.turn_done(batch.clock(), using)
-                delivering = time.monotonic() - began
-                if len(batch):
-                    relay_metrics.batch(subscriber.name, delivering)
-                if deadline is not None and time.monotonic() >= deadline:
-                    _next_first[using] = active[(position + 1) % len(active)].name
-                    return report
-            active = still_busy
-        return report
+        return turns.run()
     finally:
         # The batches in flight are collected; a batch claimed ahead and not
         # delivered (time is up, stopping, an error) is handed back.
         try:
-            for runner in runners.values():
-                runner.close()
-            report += ahead.close()
+            turns.close()
         finally:
             if own_view:
                 view.close()
 
 
-def _stream_turn(
-    subscriber: Subscriber,
-    cursors: Cursors,
-    runner: PublisherRunner | None,
-    report: RelayReport,
-    stop: threading.Event,
-    rng: random.Random | None,
-    batch_size: int,
-    now: datetime | None,
-    view: SubscriptionView,
-) -> bool:
-    """Read and deliver one batch from each cursor of ``subscriber`` this
-    relay holds (taking those that are free). Returns whether more may
-    follow (a batch was cut short by its limit)."""
-    more = False
-    types = view.stream_types(subscriber)
-    if types is not None and not types:  # retired: its cursor stays
+class _Turns:
+    """One :func:`deliver` call: subscribers take turns, a batch each (their
+    due rows, then their stream), until none has more or time is up."""
+
+    def __init__(
+        self,
+        chosen: list[Subscriber],
+        *,
+        using: str,
+        batch_size: int,
+        now: datetime | None,
+        worker: str,
+        rng: random.Random | None,
+        stop: threading.Event,
+        fold: bool,
+        claim_ahead: bool,
+        view: SubscriptionView,
+        deadline: float | None,
+    ):
+        self.chosen = chosen
+        self.using = using
+        self.batch_size = batch_size
+        self.now = now
+        self.worker = worker
+        self.rng = rng
+        self.stop = stop
+        self.claim_ahead = claim_ahead
+        self.view = view
+        self.deadline = deadline
+        self.report = RelayReport()
+        self.ahead = ClaimAhead(using)
+        self.cursors = view.cursors(worker) if streaming(using) else None
+        self.runners = {
+            s: PublisherRunner(s, using, rng)
+            for s in chosen
+            if isinstance(s, Publisher)
+        }
+        self.folding = None
+        if fold:
+            known = registry.subscribers()
+            names = {s.name for s in known}
+            known += [s for s in chosen if s.name not in names]
+            types = view.types(known)  # records this relay's subscribers too
+            if self.cursors is None or view.awaiting_fanout():
+                self.folding = Fold(types)
+        self.delivering = 0.0  # seconds the last batch took to deliver
+
+    def claim(self, subscriber: Subscriber) -> Batch:
+        return Batch.claim(
+            subscriber, self.using, self.batch_size, self.now, self.worker, self.folding
+        )
+
+    def clock(self) -> datetime:
+        return self.now or database_now(self.using)
+
+    def run(self) -> RelayReport:
+        active = self.chosen
+        while active:
+            busy: list[Subscriber] = []
+            for position, subscriber in enumerate(active):
+                if self.stop.is_set():
+                    return self.report
+                if subscriber.name in self.view.held or not self.ready(subscriber):
+                    continue
+                began = time.monotonic()
+                delivered = self.rows(subscriber, position, active, busy)
+                # The subscriber's stream: a batch per cursor it holds.
+                if self.cursors is not None and not self.stop.is_set():
+                    delivered += self.stream(subscriber, busy)
+                runner = self.runners.get(subscriber)
+                if runner is not None:
+                    runner.turn_done(self.clock(), self.using)
+                self.delivering = time.monotonic() - began
+                if delivered:
+                    relay_metrics.batch(subscriber.name, self.delivering)
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    _next_first[self.using] = active[(position + 1) % len(active)].name
+                    return self.report
+            active = busy
+        return self.report
+
+    def ready(self, subscriber: Subscriber) -> bool:
+        """A publisher paused by an outage waits for its probe (its batch in
+        flight is collected meanwhile)."""
+        runner = self.runners.get(subscriber)
+        if runner is None or pauses.ready(
+            subscriber, self.clock(), self.using, self.rng
+        ):
+            return True
+        runner.finish()
         return False
-    for hold in cursors.of(subscriber, now or database_now(cursors.using)):
-        if stop.is_set():
-            break
-        batch = StreamBatch.read(subscriber, hold, cursors, batch_size, now, types)
-        report.claimed += len(batch.contexts)
-        if runner is not None:
-            runner.deliver(batch, report, last=not batch.more or subscriber.ordered)
-        else:
+
+    def rows(
+        self,
+        subscriber: Subscriber,
+        position: int,
+        active: list[Subscriber],
+        busy: list[Subscriber],
+    ) -> int:
+        """Claim and deliver one batch of ``subscriber``'s due rows (with
+        stream delivery only when some may be due); note it in ``busy`` when
+        more may follow. Returns the rows delivered."""
+        if self.cursors is not None and not self.view.rows_due(
+            subscriber, self.clock()
+        ):
+            return 0
+        batch = self.ahead.take(subscriber) or self.claim(subscriber)
+        report = self.report
+        claimed = len(batch)
+        report.fanned_out += batch.fanned_out
+        if batch.fanned_out:
+            # Rows for every subscriber: those claimed before this fan-out
+            # look again this turn, not at the next wake-up.
+            busy += [s for s in active[:position] if s not in busy]
+        report.claimed += claimed
+        lapsed = batch.take_lapsed()
+        if lapsed:
+            batch.outcomes(report).lapsed(lapsed)
+        # A full batch (in rows, or in bytes) may have more behind it; so may
+        # any batch of an ordered subscriber, which claims only each
+        # aggregate's head.
+        more = (
+            claimed == self.batch_size
+            or batch.near_budget()
+            or (subscriber.ordered and claimed)
+        )
+        if more:
+            busy.append(subscriber)
+            # A backlog: claim the next batch on a second connection while
+            # this one is delivered (unless time is up by then).
+            following = active[position + 1 : position + 2] or busy
+            if (
+                self.claim_ahead
+                and (
+                    self.deadline is None
+                    or time.monotonic() + self.delivering < self.deadline
+                )
+                and not pauses.paused(following[0].name)
+                and following[0].name not in self.view.held
+            ):
+                self.ahead.submit(following[0], self.claim)
+        runner = self.runners.get(subscriber)
+        if runner is not None and (len(batch) or self.cursors is None):
+            # An ordered publisher's next heads appear only once this batch
+            # is marked: no window for it. (With streams, an empty claim
+            # leaves the window to the stream's batch.)
+            runner.deliver(batch, report, last=not more or subscriber.ordered)
+        elif len(batch):
             assert isinstance(subscriber, Handler)
-            run_handlers(batch, subscriber, batch.outcomes(report), stop, rng)
-        if len(batch.contexts):
-            relay_metrics.batch(subscriber.name, time.monotonic() - batch.started)
-        more = more or batch.more
-    return more
+            run_handlers(batch, subscriber, batch.outcomes(report), self.stop, self.rng)
+        return len(batch)
+
+    def stream(self, subscriber: Subscriber, busy: list[Subscriber]) -> int:
+        """Read and deliver one batch from each cursor of ``subscriber`` this
+        relay holds (taking those that are free); note it in ``busy`` when
+        more may follow. Returns the events delivered or set aside."""
+        assert self.cursors is not None
+        types = self.view.stream_types(subscriber)
+        if types is not None and not types:  # retired: its cursor stays
+            return 0
+        runner = self.runners.get(subscriber)
+        taken = 0
+        for hold in self.cursors.of(subscriber, self.clock()):
+            if self.stop.is_set():
+                break
+            batch = StreamBatch.read(
+                subscriber, hold, self.cursors, self.batch_size, self.now, types
+            )
+            self.report.claimed += len(batch.contexts)
+            taken += len(batch)
+            if runner is not None:
+                last = not batch.more or subscriber.ordered
+                runner.deliver(batch, self.report, last=last)
+            else:
+                assert isinstance(subscriber, Handler)
+                outcomes = batch.outcomes(self.report)
+                run_handlers(batch, subscriber, outcomes, self.stop, self.rng)
+            if batch.more and subscriber not in busy:
+                busy.append(subscriber)
+        return taken
+
+    def close(self) -> None:
+        for runner in self.runners.values():
+            runner.close()
+        self.report += self.ahead.close()
