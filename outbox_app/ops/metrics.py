@@ -29,6 +29,10 @@ Metrics (gauges; ``subscriber`` is the handler's or publisher's name):
                                            (ordered subscribers only)
 ``outbox_events_awaiting_fanout``          events not fanned out yet (rows)
 ``outbox_fanout_lag_seconds``              age of the oldest of them
+``outbox_stream_waiting_events``           events a cursor has still to read
+``{subscriber,partition}``                 (stream delivery)
+``outbox_stream_lag_seconds``              age of the oldest of them
+``{subscriber,partition}``
 ``outbox_publisher_paused{subscriber}``    1 while a relay has it paused (outage)
 ``outbox_subscriber_paused_by_operator``  1 while an operator has it paused
 ``{subscriber}``
@@ -120,6 +124,24 @@ class OutboxCollector:
         if data["oldest_awaiting_fanout_seconds"] is not None:
             fanout_lag.add_metric([], data["oldest_awaiting_fanout_seconds"])
         yield fanout_lag
+        stream_waiting = core.GaugeMetricFamily(
+            "outbox_stream_waiting_events",
+            "Events a subscriber's cursor has still to read (stream delivery).",
+            labels=["subscriber", "partition"],
+        )
+        stream_lag = core.GaugeMetricFamily(
+            "outbox_stream_lag_seconds",
+            "Age of the oldest event a subscriber's cursor has still to read, "
+            "in seconds (stream delivery).",
+            labels=["subscriber", "partition"],
+        )
+        for cursor in data["streams"]:
+            labels = [cursor["subscriber"], str(cursor["partition"])]
+            stream_waiting.add_metric(labels, cursor["waiting"])
+            if cursor["oldest_waiting_seconds"] is not None:
+                stream_lag.add_metric(labels, cursor["oldest_waiting_seconds"])
+        yield stream_waiting
+        yield stream_lag
         paused = core.GaugeMetricFamily(
             "outbox_publisher_paused",
             "1 while a relay has the publisher paused by an outage of its destination.",

@@ -30,6 +30,7 @@ from ..store.models import (
     Subscription,
 )
 from ..subscribers import Subscriber
+from . import streams
 
 #: Deliveries not finished and still being tried: what the lag measures.
 WAITING = (State.PENDING, State.RUNNING, State.FAILED)
@@ -74,8 +75,9 @@ def overview(
                  "last_seen_seconds": 900.0, "last_seen_by": "host:7"},
               ],
               "lag_seconds": 12.5,            # oldest waiting delivery (since
-                                              # it was due) or fan-out, None
-                                              # when nothing waits
+                                              # it was due), event in a
+                                              # stream or awaiting fan-out;
+                                              # None when nothing waits
               "scheduled": 5,                 # PENDING, deliver_at still ahead
               "next_scheduled": "...",        # the soonest of those, or None
               "states": {"PENDING": 3, "RUNNING": 0, "SUCCEEDED": 90,
@@ -85,6 +87,13 @@ def overview(
                                               # ordered subscribers only
               "events_awaiting_fanout": 4,        # not fanned out yet
               "oldest_awaiting_fanout_seconds": 3.0,  # of a subscribed type
+              "streams": [                    # stream delivery's cursors
+                {"subscriber": "shop.handlers.email", "partition": 0,
+                 "partitions": 1, "waiting": 12,
+                 "oldest_waiting_seconds": 3.2, "held_by": "host:7",
+                 "last_tick": "...", "last_tick_seconds": 0.4,
+                 "stopping": False},          # see ops.streams.lag
+              ],
               "subscribers": [
                 {"name": "shop.handlers.email", "kind": "handler",
                  "registered": True, "ordered": False,
@@ -92,6 +101,9 @@ def overview(
                  "states": {...}, "total": 96, "dead": 2,
                  "oldest_pending_seconds": 12.5, "blocked_aggregates": None,
                  "scheduled": 5, "next_scheduled": "...",
+                 "stream": {"waiting": 12,    # its cursors' sum (None: no
+                            "oldest_waiting_seconds": 3.2,  # cursor)
+                            "partitions": 1, "held_by": ["host:7"]},
                  "paused": None},             # or {"cause": "outage" |
                                               # "operator", "since",
                                               # "paused_seconds", "by",
@@ -223,7 +235,24 @@ def overview(
     fanout_oldest = _oldest_awaiting_fanout(awaiting, subscribers)
     fanout_lag = _age(fanout_oldest, now)
     waiting = [row["oldest_pending_seconds"] for row in rows if row["registered"]]
-    lags = [lag for lag in [*waiting, fanout_lag] if lag is not None]
+    cursors = streams.lag(using, now)
+    for row in rows:
+        mine = [c for c in cursors if c["subscriber"] == row["name"]]
+        row["stream"] = (
+            {
+                "waiting": sum(c["waiting"] for c in mine),
+                "oldest_waiting_seconds": max(
+                    (c["oldest_waiting_seconds"] or 0 for c in mine), default=0
+                )
+                or None,
+                "partitions": len(mine),
+                "held_by": sorted({c["held_by"] for c in mine if c["held_by"]}),
+            }
+            if mine
+            else None
+        )
+    streamed = [c["oldest_waiting_seconds"] for c in cursors]
+    lags = [lag for lag in [*waiting, *streamed, fanout_lag] if lag is not None]
 
     return {
         "generated_at": now.isoformat(),
@@ -242,6 +271,7 @@ def overview(
         "blocked_aggregates": sum(row["blocked_aggregates"] or 0 for row in rows),
         "events_awaiting_fanout": awaiting.count(),
         "oldest_awaiting_fanout_seconds": fanout_lag,
+        "streams": cursors,
         "subscribers": rows,
         "deliveries": (
             deliveries_per_minute(using=using, now=now) if deliveries else None

@@ -11,7 +11,9 @@ replay (:mod:`outbox_app.relay.stream`).
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connections, router
 
@@ -171,6 +173,72 @@ def awaited(using: str = "default") -> int:
     with connections[using].cursor() as cursor:
         cursor.execute(text, [])  # [] : "%%" is read as "%"
         return cursor.fetchone()[0]
+
+
+def lag(
+    using: str = "default", now: datetime.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Every cursor and how far behind it is: one dict each, by subscriber
+    and partition::
+
+        {"subscriber": "shop.email", "partition": 0, "partitions": 1,
+         "waiting": 12,                  # events it has still to read
+         "oldest_waiting_seconds": 3.2,  # since the oldest of them was
+                                         # published; None: none waits
+         "held_by": "host:123",          # the relay holding its lease, or ""
+         "last_tick": "...",             # when it last read a tick to its end
+         "last_tick_seconds": 0.4,
+         "stopping": False}              # its partitions are changing
+
+    Events count only where the subscriber's active subscriptions take their
+    type. ``now`` defaults to the database's clock."""
+    d = dialect(using)
+    if d.stream is None:
+        return []
+    now = now or database_now(using)
+    text = (
+        f"SELECT c.id, COUNT(e.id), MIN(e.created_at) FROM {d.c} c LEFT JOIN "
+        f"{d.e} e ON e.fanned_out IS NULL AND e.event_type IS NOT NULL AND "
+        f"{d.cursor_covers()} AND {d.unread_hint()} AND NOT {d.cursor_passed()} "
+        f"AND EXISTS (SELECT 1 FROM {d.s} s WHERE s.subscriber = c.subscriber "
+        f"AND s.retired_at IS NULL AND (s.event_type = '{WILDCARD}' OR "
+        "s.event_type = e.event_type)) GROUP BY c.id"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [])
+        counts = {
+            row[0]: (row[1], d.datetime_value(row[2])) for row in cursor.fetchall()
+        }
+    found = []
+    for cursor in Cursor.objects.using(using).order_by(
+        "subscriber", "partitions", "partition"
+    ):
+        waiting, oldest = counts.get(cursor.id, (0, None))
+        leased = (
+            cursor.lease_token is not None
+            and cursor.locked_until is not None
+            and cursor.locked_until > now
+        )
+        found.append(
+            {
+                "subscriber": cursor.subscriber,
+                "partition": cursor.partition,
+                "partitions": cursor.partitions,
+                "waiting": waiting,
+                "oldest_waiting_seconds": _seconds(now, oldest),
+                "held_by": cursor.locked_by if leased else "",
+                "last_tick": None
+                if cursor.ticked_at is None
+                else cursor.ticked_at.isoformat(),
+                "last_tick_seconds": _seconds(now, cursor.ticked_at),
+                "stopping": cursor.stop_tick is not None,
+            }
+        )
+    return found
+
+
+def _seconds(now: datetime.datetime, since: datetime.datetime | None) -> float | None:
+    return None if since is None else max(0.0, (now - since).total_seconds())
 
 
 def cursors(using: str = "default") -> list[Cursor]:

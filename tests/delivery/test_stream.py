@@ -480,3 +480,36 @@ def test_changing_the_partitions_loses_nothing_and_delivers_nothing_twice(handle
     for aggregate, positions in effects.items():
         assert positions == list(range(20)), aggregate
     assert Cursor.objects.filter(subscriber="ordered", partitions=3).count() == 3
+
+
+def test_operators_see_each_cursor_with_what_it_has_still_to_read(handlers):
+    """The overview, ``outbox_status`` and the metrics show each cursor: the
+    events it has still to read, the age of the oldest, who holds it."""
+    import io
+
+    from django.core.management import call_command
+
+    from outbox_app.ops import status
+    from outbox_app.ops.metrics import exposition
+
+    handlers("record")
+    place(3)
+    data = status.overview()
+    waiting = {c["subscriber"]: c for c in data["streams"]}
+    assert waiting["record_a"]["waiting"] == waiting["record_b"]["waiting"] == 3
+    assert waiting["record_a"]["oldest_waiting_seconds"] is not None
+    assert data["lag_seconds"] is not None
+    row = {r["name"]: r for r in data["subscribers"]}["record_a"]
+    assert row["stream"]["waiting"] == 3
+    text, _ = exposition()
+    assert b'outbox_stream_waiting_events{partition="0",subscriber="record_a"} 3.0' in (
+        text
+    )
+    relay_once()
+    data = status.overview()
+    caught_up = {c["subscriber"]: c for c in data["streams"]}["record_a"]
+    assert (caught_up["waiting"], caught_up["oldest_waiting_seconds"]) == (0, None)
+    assert caught_up["last_tick"] is not None
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    assert "stream record_a: 0 waiting" in out.getvalue()

@@ -171,6 +171,21 @@ class Command(OutboxCommand):
         oldest = data["oldest_awaiting_fanout_seconds"]
         suffix = "" if oldest is None else f" (oldest subscribed: {_seconds(oldest)})"
         write(f"awaiting fan-out:    {awaiting} event{pluralize(awaiting)}{suffix}")
+        for cursor in data["streams"]:
+            part = (
+                ""
+                if cursor["partitions"] == 1
+                else f" [{cursor['partition'] + 1}/{cursor['partitions']}]"
+            )
+            oldest = cursor["oldest_waiting_seconds"]
+            tick = cursor["last_tick_seconds"]
+            write(
+                f"stream {cursor['subscriber']}{part}: {cursor['waiting']} "
+                f"waiting{'' if oldest is None else ', oldest ' + _seconds(oldest)}; "
+                f"{'held by ' + cursor['held_by'] if cursor['held_by'] else 'no relay'}"
+                f"{'' if tick is None else '; last tick ' + _seconds(tick) + ' ago'}"
+                f"{'; stopping (its partitions change)' if cursor['stopping'] else ''}"
+            )
         deliveries = data["deliveries"]
         write(
             f"delivered in 24 h:   {deliveries['total']} "

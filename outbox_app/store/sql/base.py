@@ -735,6 +735,12 @@ class Dialect:
         ``e``."""
         raise NotImplementedError
 
+    def unread_hint(self, e: str = "e") -> str:
+        """A condition every event (``e``) the cursor ``c`` has not read
+        meets, which an index serves: a scan's bound, implied by ``NOT``
+        :meth:`cursor_passed`."""
+        raise NotImplementedError
+
     def awaited(self, e: str) -> str:
         """The condition that some cursor has still to deliver the event
         ``e`` (an expression naming the events table's row): one that covers
@@ -742,6 +748,7 @@ class Dialect:
         type is active."""
         return (
             f"EXISTS (SELECT 1 FROM {self.c} c WHERE {self.cursor_covers(e)} "
+            f"AND {self.unread_hint(e)} "
             f"AND NOT {self.cursor_passed(e)} AND EXISTS (SELECT 1 FROM "
             f"{self.s} s WHERE s.subscriber = c.subscriber AND s.retired_at IS "
             f"NULL AND (s.event_type = '{WILDCARD}' OR s.event_type = "
@@ -854,5 +861,6 @@ class Dialect:
         return (
             f"FROM {self.e} e JOIN {self.c} c ON c.subscriber = %s "
             f"AND {self.cursor_covers()} WHERE e.fanned_out IS NULL "
-            f"AND e.event_type IS NOT NULL{types} AND NOT {self.cursor_passed()}"
+            f"AND e.event_type IS NOT NULL{types} AND {self.unread_hint()} "
+            f"AND NOT {self.cursor_passed()}"
         )

@@ -267,3 +267,7 @@ class PostgreSQLDialect(Dialect):
             f"(c.next_tick IS NOT NULL AND pg_visible_in_snapshot({e}.txid, "
             f"c.next_tick::pg_snapshot) AND {e}.position <= c.position))"
         )
+
+    def unread_hint(self, e: str = "e") -> str:
+        """Not visible in a snapshot: begun at or after its xmin."""
+        return f"{e}.txid >= pg_snapshot_xmin(c.tick::pg_snapshot)"

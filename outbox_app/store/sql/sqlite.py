@@ -108,3 +108,6 @@ class SQLiteDialect(Dialect):
 
     def cursor_passed(self, e: str = "e") -> str:
         return f"{e}.position <= COALESCE(c.position, 0)"
+
+    def unread_hint(self, e: str = "e") -> str:
+        return f"{e}.position > COALESCE(c.position, 0)"
