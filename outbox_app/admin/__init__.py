@@ -12,11 +12,19 @@ deliveries' and events' ``outbox_app.requeue_delivery``, the inbox's
 One module per page: ``base`` (the read-only base, the requeue permission,
 the admin log, how values are shown), ``deliveries`` (the list, a
 delivery's page with its transitions, the "requeue everything matching"
-page), ``events``, ``subscriptions`` (served, paused; pause, resume,
+page), ``events``, ``cursors`` (stream delivery's cursors, what each has
+still to read), ``subscriptions`` (served, paused; pause, resume,
 retire, reactivate), ``inbox`` (the consumers' received messages, requeue),
 and ``overview`` (the overview page, its live part and its JSON, served by
 their own admin).
 """
 
 # Importing the modules registers their admins.
-from . import deliveries, events, inbox, overview, subscriptions  # noqa: F401
+from . import (  # noqa: F401
+    cursors,
+    deliveries,
+    events,
+    inbox,
+    overview,
+    subscriptions,
+)

@@ -19,6 +19,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..exceptions import OutboxError
+from ..ops import streams
 from ..ops import subscriptions as operations
 from ..store.clock import database_now
 from ..store.lifecycle import State
@@ -148,7 +149,12 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
     list_display_links = ["short_id"]
     actions = ["requeue_deliveries", "replay_to_subscriber"]
     inlines = [DeliveryInline]
-    readonly_fields = ["payload_pretty", "headers_pretty", "action_params_pretty"]
+    readonly_fields = [
+        "payload_pretty",
+        "headers_pretty",
+        "action_params_pretty",
+        "delivered_to",
+    ]
     fieldsets = [
         (
             None,
@@ -176,6 +182,7 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
             },
         ),
         (gettext_lazy("Schedule"), {"fields": ["deliver_at", "expires_at"]}),
+        (gettext_lazy("Deliveries"), {"fields": ["delivered_to"]}),
         (gettext_lazy("Payload"), {"fields": ["payload_pretty", "headers_pretty"]}),
         (
             gettext_lazy("Action"),
@@ -251,6 +258,34 @@ class OutboxEventAdmin(OutboxAdminBase, admin.ModelAdmin):
     @admin.display(description=gettext_lazy("payload"))
     def payload_pretty(self, obj: OutboxEvent):
         return pretty_json(obj.payload)
+
+    @admin.display(description=gettext_lazy("by subscriber"))
+    def delivered_to(self, obj: OutboxEvent):
+        """Each subscriber's delivery of the event: its row's state, or by
+        stream delivery "delivered" once its cursor read past it, "waiting"
+        before (:func:`outbox_app.ops.streams.event_deliveries`)."""
+        found = streams.event_deliveries(obj, obj._state.db)
+        if not found:
+            return _("none")
+        rows = Delivery.objects.using(obj._state.db).filter(event_id=obj.pk)
+        with_rows = set(rows.values_list("subscriber", flat=True))
+        return format_html_join(
+            "",
+            "<div>{}: {}</div>",
+            (
+                (
+                    name,
+                    state.lower()
+                    if name in with_rows
+                    else (
+                        _("delivered (its stream read past it)")
+                        if state == State.SUCCEEDED
+                        else _("waiting in its stream")
+                    ),
+                )
+                for name, state in sorted(found.items())
+            ),
+        )
 
     @admin.display(description=gettext_lazy("headers"))
     def headers_pretty(self, obj: OutboxEvent):

@@ -181,7 +181,7 @@ def lag(
     """Every cursor and how far behind it is: one dict each, by subscriber
     and partition::
 
-        {"subscriber": "shop.email", "partition": 0, "partitions": 1,
+        {"id": 3, "subscriber": "shop.email", "partition": 0, "partitions": 1,
          "waiting": 12,                  # events it has still to read
          "oldest_waiting_seconds": 3.2,  # since the oldest of them was
                                          # published; None: none waits
@@ -221,6 +221,7 @@ def lag(
         )
         found.append(
             {
+                "id": cursor.id,
                 "subscriber": cursor.subscriber,
                 "partition": cursor.partition,
                 "partitions": cursor.partitions,

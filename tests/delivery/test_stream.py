@@ -513,3 +513,26 @@ def test_operators_see_each_cursor_with_what_it_has_still_to_read(handlers):
     out = io.StringIO()
     call_command("outbox_status", stdout=out)
     assert "stream record_a: 0 waiting" in out.getvalue()
+
+
+def test_the_admin_shows_the_cursors_and_each_subscriber_s_delivery_of_an_event(
+    handlers, admin_client
+):
+    from django.urls import reverse
+
+    handlers("record")
+    Subscription.objects.record(
+        [Handler(name="behind", event_types=frozenset({"OrderPlaced"}))], "other:1"
+    )
+    [event] = place(1)
+    relay_once()
+    page = admin_client.get(reverse("admin:outbox_app_cursor_changelist"))
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "record_a" in text and "behind" in text and "1 of 1" in text
+    page = admin_client.get(
+        reverse("admin:outbox_app_outboxevent_change", args=[event.pk])
+    )
+    text = page.content.decode()
+    assert "record_a: delivered (its stream read past it)" in text
+    assert "behind: waiting in its stream" in text
