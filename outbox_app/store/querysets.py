@@ -399,7 +399,7 @@ class SubscriptionQuerySet(QuerySet):
             for t in sorted(s.event_types or (WILDCARD,))
         ]
         self._seen(rows, ["subscriber", "event_type"], worker, now, heartbeat)
-        self._ensure_cursors(subscribers)
+        self._ensure_cursors(subscribers, now)
         aliases = {a: s.name for s in subscribers for a in s.aliases}
         for alias, name in aliases.items():
             self.active().filter(subscriber=alias).update(
@@ -417,15 +417,18 @@ class SubscriptionQuerySet(QuerySet):
                     retired_by__startswith=NARROWED,
                 ).update(retired_at=None, retired_by="")
 
-    def _ensure_cursors(self, subscribers) -> None:
+    def _ensure_cursors(self, subscribers, now: datetime.datetime) -> None:
         """Stream delivery: a subscriber recorded for the first time gets its
         cursors now, so it receives the events committed from now on,
-        whichever relay runs first (:meth:`CursorQuerySet.ensure`)."""
+        whichever relay runs first (:meth:`CursorQuerySet.ensure`). One that
+        was recorded before (by a relay of a version without cursors, or
+        before stream delivery was turned on) starts at the earliest event
+        kept: none written since is missed."""
         from .gateway import streaming
         from .models import Cursor
 
         if streaming(self.db):
-            Cursor.objects.using(self.db).ensure(subscribers)
+            Cursor.objects.using(self.db).ensure(subscribers, now=now)
 
     def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
         """Insert the missing ``rows`` (a retired row stays retired); refresh
@@ -495,13 +498,23 @@ class SubscriptionQuerySet(QuerySet):
 
 
 class CursorQuerySet(QuerySet):
-    def ensure(self, subscribers: Iterable, *, earliest: bool | None = None) -> int:
+    def ensure(
+        self,
+        subscribers: Iterable,
+        *,
+        earliest: bool | None = None,
+        now: datetime.datetime | None = None,
+    ) -> int:
         """Create the cursors of ``subscribers`` (:class:`~outbox_app.
         subscribers.Subscriber` values) that have none yet: one per
         partition (:func:`~outbox_app.store.gateway.partitions`). A new
         cursor starts at the current tick (the events committed from now on),
         or at the earliest event kept where the subscriber's ``start`` is
-        ``"earliest"`` (``earliest`` overrides it). A subscriber renamed
+        ``"earliest"`` or it was recorded before ``now`` (default: the
+        database's clock) without cursors (by a relay of a version without
+        stream delivery, or while ``OUTBOX_ENGINE`` was ``"rows"``: none of
+        its events written since is missed); ``earliest`` overrides both.
+        A subscriber renamed
         (its ``aliases``) takes over its former name's cursors instead, so
         it goes on where that one stopped. A subscriber with cursors keeps
         them, whatever their count.
@@ -527,7 +540,9 @@ class CursorQuerySet(QuerySet):
                 continue
             first = earliest
             if first is None:
-                first = getattr(subscriber, "start", "now") == "earliest"
+                first = getattr(
+                    subscriber, "start", "now"
+                ) == "earliest" or self._recorded_before(subscriber.name, now)
             tick, position = d.first_reading(self.db, first)
             now = database_now(self.db)
             rows = [
@@ -548,6 +563,15 @@ class CursorQuerySet(QuerySet):
             self.bulk_create(rows, ignore_conflicts=True)
             created += mine.count() - before
         return created
+
+    def _recorded_before(self, name: str, now: datetime.datetime | None) -> bool:
+        from .models import Subscription
+
+        return (
+            Subscription.objects.using(self.db)
+            .filter(subscriber=name, first_seen_at__lt=now or database_now(self.db))
+            .exists()
+        )
 
 
 class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):

@@ -536,3 +536,51 @@ def test_the_admin_shows_the_cursors_and_each_subscriber_s_delivery_of_an_event(
     text = page.content.decode()
     assert "record_a: delivered (its stream read past it)" in text
     assert "behind: waiting in its stream" in text
+
+
+def test_an_upgrade_from_row_delivery_loses_nothing_and_delivers_nothing_twice(
+    registered, settings
+):
+    """A deployment on row delivery switches: the rows it left (PENDING, a
+    RUNNING one under a lease of a relay that died, FAILED) and the events
+    not fanned out yet are delivered as rows, the events written afterwards
+    by stream, each once, in order per aggregate."""
+    from outbox_app.relay import fan_out
+
+    settings.OUTBOX_ENGINE = "rows"
+    seen = []
+
+    @registered(Step, name="upgraded", ordered=True)
+    def upgraded(event, context):
+        if (context.aggregate_id, event.position, context.attempt) == ("a", 1, 1):
+            raise ConnectionError("failed once before the upgrade")
+        seen.append((context.aggregate_id, event.position))
+
+    steps(3, aggregate=("shop.Cart", "a"))  # 0, 1, 2 of a: fanned out below
+    fan_out()
+    relay_once()  # a0 delivered, a1 FAILED, a2 waits behind it
+    running = steps(1, aggregate=("shop.Cart", "b"))  # b0: claimed by a relay...
+    fan_out()
+    Delivery.objects.filter(event_id=running[0].id).update(
+        state=State.RUNNING,
+        attempts=1,
+        locked_by="old:1",
+        lease_token=uuid.uuid4(),
+        next_retry_at=timezone.now() + datetime.timedelta(seconds=30),
+    )  # ...that died holding it
+    steps(1, aggregate=("shop.Cart", "c"))  # c0: never fanned out
+    assert ("a", 0) in seen and len(seen) == 1
+
+    settings.OUTBOX_ENGINE = "stream"  # the deploy
+    with transaction.atomic():
+        publish(Step(position=3), aggregate=("shop.Cart", "a"))
+        publish(Step(position=1), aggregate=("shop.Cart", "b"))
+        publish(Step(position=1), aggregate=("shop.Cart", "c"))
+    later = timezone.now() + datetime.timedelta(minutes=20)
+    for _ in range(4):
+        relay_once(now=later)
+    by_cart: dict[str, list[int]] = {}
+    for cart, position in seen:
+        by_cart.setdefault(cart, []).append(position)
+    assert by_cart == {"a": [0, 1, 2, 3], "b": [0, 1], "c": [0, 1]}
+    assert kit.states("upgraded") == {State.SUCCEEDED: 8}

@@ -658,8 +658,9 @@ class Dialect:
 
         Columns: the tick, ``position``, :data:`EVENT_COLUMNS`, ``held`` (with
         ``held``: an unfinished delivery of the event's aggregate waits under
-        one of ``held`` subscriber names, so an ordered subscriber's event
-        waits behind it), and how many events the limit let through before
+        one of ``held`` subscriber names, or an earlier event of it awaits row
+        delivery's fan-out, so an ordered subscriber's event waits behind
+        it), and how many events the limit let through before
         the byte budget (``candidates``). Parameters: the tick's
         (:meth:`_tick`), the ``held`` names, ``type_count`` event types (None:
         every type), with ``partitioned`` the count of partitions and this
@@ -669,12 +670,19 @@ class Dialect:
         e, n = self.e, self.n
         columns = ["e.position", *(f"e.{c}" for c in EVENT_COLUMNS)]
         if held is not None:
+            # An unfinished row of its aggregate, or an earlier event of it
+            # written for row delivery and not fanned out yet (an upgrade's).
             names = ", ".join(["%s"] * held)
             columns.append(
-                f"EXISTS (SELECT 1 FROM {n} u WHERE u.subscriber IN ({names}) "
+                f"(EXISTS (SELECT 1 FROM {n} u WHERE u.subscriber IN ({names}) "
                 "AND u.aggregate_type = e.aggregate_type "
                 "AND u.aggregate_id = e.aggregate_id "
-                f"AND u.state IN ({self.unfinished}){self.probe_fence}) AS held"
+                f"AND u.state IN ({self.unfinished}){self.probe_fence}) "
+                f"OR EXISTS (SELECT 1 FROM {e} f WHERE NOT f.fanned_out "
+                "AND f.event_type IS NOT NULL "
+                "AND f.aggregate_type = e.aggregate_type "
+                "AND f.aggregate_id = e.aggregate_id "
+                f"AND f.position < e.position{self.probe_fence})) AS held"
             )
         where = [
             self._in_tick(walk),
