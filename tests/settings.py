@@ -151,5 +151,5 @@ OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_TEST_PREPARED") == "1"
 # The delivery engine the suite runs on: "stream", "rows", or unset for the
 # default (stream where the database has it). Relay processes the tests start
 # inherit it.
-OUTBOX_ENGINE = os.environ.get("OUTBOX_TEST_ENGINE", "rows") or None
+OUTBOX_ENGINE = os.environ.get("OUTBOX_TEST_ENGINE") or None
 OUTBOX_PARTITIONS = int(os.environ.get("OUTBOX_TEST_PARTITIONS", "1"))
