@@ -163,6 +163,14 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 (
+                    "own_position",
+                    models.BigIntegerField(
+                        blank=True,
+                        help_text="PostgreSQL: the last position delivered of the events of a transaction that also ran the relay (a test's), written in that transaction.",
+                        null=True,
+                    ),
+                ),
+                (
                     "stop_tick",
                     models.TextField(
                         blank=True,

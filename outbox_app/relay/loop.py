@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from django.db import connections
 from django.db.models import Min
 
 from ..conf import outbox_settings
@@ -510,26 +511,38 @@ class _Turns:
         types = self.view.stream_types(subscriber)
         if types is not None and not types:  # retired: its cursor stays
             return 0
-        runner = self.runners.get(subscriber)
         taken = 0
+        # Inside a caller's transaction (a test's), the events it wrote
+        # itself are read on their own (StreamBatch.read_own).
+        own = (
+            self.cursors.stream.dialect.own_events() is not None
+            and connections[self.using].in_atomic_block
+        )
         for hold in self.cursors.of(subscriber, self.clock()):
-            if self.stop.is_set():
-                break
-            batch = StreamBatch.read(
-                subscriber, hold, self.cursors, self.batch_size, self.now, types
-            )
-            self.report.claimed += len(batch.contexts)
-            taken += len(batch)
-            if runner is not None:
-                last = not batch.more or subscriber.ordered
-                runner.deliver(batch, self.report, last=last)
-            else:
-                assert isinstance(subscriber, Handler)
-                outcomes = batch.outcomes(self.report)
-                run_handlers(batch, subscriber, outcomes, self.stop, self.rng)
-            if batch.more and subscriber not in busy:
-                busy.append(subscriber)
+            for read in (StreamBatch.read_own,) * own + (StreamBatch.read,):
+                if self.stop.is_set():
+                    return taken
+                batch = read(
+                    subscriber, hold, self.cursors, self.batch_size, self.now, types
+                )
+                taken += self.deliver_stream(subscriber, batch)
+                if batch.more and subscriber not in busy:
+                    busy.append(subscriber)
         return taken
+
+    def deliver_stream(self, subscriber: Subscriber, batch: StreamBatch) -> int:
+        """Deliver a stream ``batch`` to ``subscriber``. Returns the events
+        delivered or set aside."""
+        self.report.claimed += len(batch.contexts)
+        runner = self.runners.get(subscriber)
+        if runner is not None:
+            last = not batch.more or subscriber.ordered
+            runner.deliver(batch, self.report, last=last)
+        else:
+            assert isinstance(subscriber, Handler)
+            outcomes = batch.outcomes(self.report)
+            run_handlers(batch, subscriber, outcomes, self.stop, self.rng)
+        return len(batch)
 
     def close(self) -> None:
         for runner in self.runners.values():

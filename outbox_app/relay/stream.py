@@ -79,6 +79,8 @@ class Hold:
         written: the reading as the row has it.
         renewed: ``time.monotonic()`` when the lease was last written.
         stop: where it stops (the subscriber's partitions are changing).
+        own_after: the last position delivered of the events of a
+            transaction that runs the relay itself (a test's).
         walk: the tick being read is large: read on by position.
         ticked: a tick was read to its end since the row was last written.
         wanted: another relay asked for it: handed over after this batch.
@@ -94,6 +96,7 @@ class Hold:
     written: Reading
     renewed: float
     stop: str | None = None
+    own_after: int = 0
     ahead: Reading | None = None
     walk: bool = False
     ticked: bool = False
@@ -249,7 +252,7 @@ class Cursors:
         )
         if found is None:
             return None
-        reading, stop = found
+        reading, stop, own_after = found
         return Hold(
             cursor.id,
             cursor.subscriber,
@@ -260,6 +263,7 @@ class Cursors:
             reading,
             time.monotonic(),
             stop=stop,
+            own_after=own_after,
         )
 
     def _ask(self, current, mine, now, wanting: int, all_of_them: bool) -> None:
@@ -452,6 +456,7 @@ class StreamBatch:
     start: Reading | None = None
     settled: Reading | None = None
     end: Reading | None = None
+    own: bool = False
 
     @classmethod
     def read(
@@ -518,6 +523,57 @@ class StreamBatch:
             batch._take(streamed.context, streamed.held)
         batch.payload_bytes = sum(c.payload_bytes for c in batch.contexts)
         batch.end = hold.ahead = batch.reading_to(batch.last, finished=not found.more)
+        return batch
+
+    @classmethod
+    def read_own(
+        cls,
+        subscriber: Subscriber,
+        hold: Hold,
+        cursors: Cursors,
+        batch_size: int,
+        now: datetime.datetime | None,
+        event_types: frozenset[str] | None,
+    ) -> StreamBatch:
+        """Read the events the reading transaction itself wrote, after the
+        last of them delivered (a relay run inside a caller's transaction,
+        as a test's, where a tick counts its own transaction as committed:
+        its events written after a tick would be taken as read). Their
+        batch moves no cursor: the position read is kept in the cursor's
+        row within that transaction (``own_position``)."""
+        started = time.monotonic()
+        now = now or database_now(cursors.using)
+        start = Reading(None, None, hold.own_after)
+        found = cursors.stream.read(
+            subscriber.name,
+            start,
+            event_types=event_types,
+            partitions=hold.partitions,
+            partition=hold.partition,
+            held=subscriber.stored_names if subscriber.ordered else None,
+            limit=batch_size,
+            max_bytes=outbox_settings.BATCH_BYTES,
+            own=True,
+        )
+        batch = cls(
+            subscriber,
+            hold,
+            cursors,
+            None,
+            [],
+            [],
+            start.position,
+            found.more,
+            now,
+            started,
+            start=start,
+            settled=start,
+            own=True,
+        )
+        for streamed in found.events:
+            batch._take(streamed.context, streamed.held)
+        batch.payload_bytes = sum(c.payload_bytes for c in batch.contexts)
+        batch.end = start
         return batch
 
     def reading_to(self, upto: int, *, finished: bool) -> Reading:
@@ -720,6 +776,10 @@ class StreamSettlement:
         batch, hold = self.batch, self.batch.hold
         if self.ended or hold.lost:
             return
+        if batch.own:
+            if batch.last != batch.settled.position or batch.aside_waiting():
+                self.settle(batch.last, [], [], end=True)
+            return
         if hold.reading != batch.settled:  # a batch before stopped short
             hold.ahead = None
             return
@@ -769,7 +829,7 @@ class StreamSettlement:
         if outages:
             stop = min(c.position for c in outages)
             upto = max(
-                [self.batch.hold.reading.position]
+                [self.batch.settled.position]
                 + [p for p in self._positions() if p < stop]
             )
             failures = [f for f in failures if f[0].position < stop]
@@ -816,7 +876,9 @@ class StreamSettlement:
         batch, hold = self.batch, self.batch.hold
         if hold.lost:
             raise LeaseLost("the cursor's lease passed to another relay")
-        if hold.reading != batch.settled:
+        if end:
+            upto = batch.last
+        if not batch.own and hold.reading != batch.settled:
             # A batch before this one stopped short (an outage): the cursor
             # is not where this one began, and stays where it is.
             hold.ahead = None
@@ -839,8 +901,8 @@ class StreamSettlement:
             )
             for c in deferred
         ]
-        finished = end and not batch.more
-        if batch.tick is None:  # a position alone
+        finished = end and not batch.more and not batch.own
+        if batch.own or batch.tick is None:  # a position alone
             reading = Reading(None, None, upto)
         elif finished:
             reading = Reading(batch.tick, None, 0)
@@ -853,9 +915,14 @@ class StreamSettlement:
                 failed_ids = self.stream.divert(name, rows, stamp, returning=True)
                 self.stream.divert(name, [a.row for a in aside], stamp)
                 leased_ids = self.stream.divert(name, leased, stamp, returning=True)
-                hold.reading = reading
-                hold.ticked = hold.ticked or finished
-                if not batch.cursors.write(hold, now):
+                if batch.own:
+                    moved = self.stream.own(hold.cursor_id, hold.token, upto)
+                    hold.lost = not moved
+                else:
+                    hold.reading = reading
+                    hold.ticked = hold.ticked or finished
+                    moved = batch.cursors.write(hold, now)
+                if not moved:
                     raise LeaseLost("the cursor's lease passed to another relay")
         except BaseException:
             self.abandoned([])
@@ -863,7 +930,9 @@ class StreamSettlement:
         for a in aside:
             a.written = True
         batch.settled = reading
-        if hold.ahead == reading:
+        if batch.own:
+            hold.own_after = upto
+        elif hold.ahead == reading:
             hold.ahead = None
         if not inside:
             self._undo = None

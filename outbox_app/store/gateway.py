@@ -524,10 +524,12 @@ class Stream:
         worker: str,
         expiry: datetime.datetime,
         now: datetime.datetime,
-    ) -> tuple[Reading, str | None] | None:
+    ) -> tuple[Reading, str | None, int] | None:
         """Lease the cursor ``cursor_id`` if it is free or its lease ran out
-        (by ``now``), until ``expiry``. Returns its :class:`Reading` and its
-        stop tick, or None (another relay holds it, or it is gone)."""
+        (by ``now``), until ``expiry``. Returns its :class:`Reading`, its
+        stop tick and the last position delivered of a reading transaction's
+        own events (0: none), or None (another relay holds it, or it is
+        gone)."""
         d = self.dialect
         stamp = d.datetime_param(now)
         params = [
@@ -543,8 +545,8 @@ class Stream:
             row = cursor.fetchone()
         if row is None:
             return None
-        tick, next_tick, position, stop_tick = row
-        return Reading(tick, next_tick, position or 0), stop_tick
+        tick, next_tick, position, stop_tick, own = row
+        return Reading(tick, next_tick, position or 0), stop_tick, own or 0
 
     def read(
         self,
@@ -558,6 +560,7 @@ class Stream:
         limit: int,
         max_bytes: int = UNBOUNDED,
         walk: bool = False,
+        own: bool = False,
     ) -> StreamRead:
         """The next batch of the cursor at ``reading``: up to ``limit`` events
         of ``event_types`` (None: every type) in the partition, in position
@@ -566,10 +569,13 @@ class Stream:
         (PostgreSQL), a tick is taken now and returned. ``held``: the names of
         an ordered subscriber, whose events waiting behind an unfinished
         delivery of their aggregate are flagged. ``walk``: read on by the
-        position index (a large tick, after its first batch)."""
+        position index (a large tick, after its first batch). ``own``: the
+        events of the reading transaction itself after ``reading.position``
+        instead, with no tick (a relay run inside a caller's transaction,
+        as a test's: a tick counts its own transaction as committed)."""
         d = self.dialect
         params: list = []
-        if d.stream == "snapshot":
+        if d.stream == "snapshot" and not own:
             params += [reading.tick, reading.next_tick]
         if held is not None:
             params += list(held)
@@ -584,6 +590,7 @@ class Stream:
             partitioned,
             None if held is None else len(held),
             walk,
+            own,
         )
         with self._cursor() as cursor:
             cursor.execute(text, params)
@@ -633,6 +640,16 @@ class Stream:
             cursor.execute(d.advance_cursor, params)
             row = cursor.fetchone()
         return None if row is None else row[0]
+
+    def own(self, cursor_id: int, token: uuid.UUID, position: int) -> bool:
+        """Write ``position`` as the last delivered of the reading
+        transaction's own events, if the cursor is still held under
+        ``token`` (in that transaction: it commits with its events, or
+        neither does). Returns False when the lease was lost."""
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.own_cursor, [position, cursor_id, d.uuid_param(token)])
+            return cursor.rowcount == 1
 
     def release(
         self,

@@ -470,6 +470,15 @@ class Cursor(models.Model):
         blank=True,
         help_text=_("Where it started (SQLite): the last position before it."),
     )
+    own_position = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "PostgreSQL: the last position delivered of the events of a "
+            "transaction that also ran the relay (a test's), written in that "
+            "transaction."
+        ),
+    )
     stop_tick = models.TextField(
         null=True,
         blank=True,

@@ -584,3 +584,30 @@ def test_an_upgrade_from_row_delivery_loses_nothing_and_delivers_nothing_twice(
         by_cart.setdefault(cart, []).append(position)
     assert by_cart == {"a": [0, 1, 2, 3], "b": [0, 1], "c": [0, 1]}
     assert kit.states("upgraded") == {State.SUCCEEDED: 8}
+
+
+def test_a_relay_inside_the_transaction_that_published_delivers_each_event_once(
+    registered,
+):
+    """As in a test case whose transaction never commits: events published,
+    the relay run, more published, the relay run again, in one transaction:
+    each event delivered once (a tick counts the reader's own transaction as
+    committed, so its later events are read on their own)."""
+    seen = []
+
+    @registered(OrderPlaced, name="in.test")
+    def in_test(event, context):
+        seen.append(event.order_id)
+
+    with transaction.atomic():
+        place(2)
+        relay_once()
+        with transaction.atomic():
+            publish(OrderPlaced(order_id=7, total=1))
+        relay_once()
+        relay_once()
+        assert sorted(seen) == [0, 1, 7]
+        transaction.set_rollback(True)
+    place(1)
+    relay_once()
+    assert sorted(seen) == [0, 0, 1, 7]

@@ -9,19 +9,23 @@ import pytest
 from outbox_app import handler
 from outbox_app.relay.registry import unregister
 from outbox_app.testing.pytest import outbox, outbox_publishers  # noqa: F401
+from tests.conftest import record_subscribers
 
 
 @pytest.fixture
-def subscribe():
-    """``subscribe(*types, **options)(fn)``: ``@handler`` for this test only;
-    the name defaults to ``testing.<fn name>``."""
+def subscribe(request):
+    """``subscribe(*types, **options)(fn)``: ``@handler`` for this test only
+    (recorded, as a deploy does); the name defaults to
+    ``testing.<fn name>``."""
     names: list[str] = []
 
     def add(*types, **options):
         def register(fn):
             options.setdefault("name", f"testing.{fn.__name__}")
             names.append(options["name"])
-            return handler(*types, **options)(fn)
+            registered = handler(*types, **options)(fn)
+            record_subscribers(request, [options["name"]])
+            return registered
 
         return register
 

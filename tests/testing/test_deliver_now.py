@@ -22,7 +22,9 @@ from outbox_app.exceptions import (
     TransactionBroken,
 )
 from outbox_app.relay import relay_once
+from outbox_app.store.lifecycle import State
 from outbox_app.testing import capture_events
+from tests import kit
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
 
@@ -354,4 +356,4 @@ def test_in_transactions_that_commit(outbox, subscribe):
     SideEffect.objects.all().delete()
     assert relay_once().succeeded == 1
     assert effects() == [("record", 1)]
-    assert Delivery.objects.get(event_id=row.id).state == "SUCCEEDED"
+    assert kit.deliveries([row]) == {(row.id, "testing.record"): State.SUCCEEDED}

@@ -12,6 +12,7 @@ from django.test import TestCase, TransactionTestCase, override_settings
 
 from outbox_app import handler, publish
 from outbox_app.exceptions import HandlerFailed, PublishedMismatch
+from outbox_app.models import Subscription
 from outbox_app.relay import registry, relay_once
 from outbox_app.testing import capture_events, record_publishers
 from tests.testapp.events import OrderPlaced
@@ -49,6 +50,8 @@ class Captured:
         self.outbox = self.enterContext(capture_events())
         handler(OrderPlaced, name="testcase.record", max_attempts=2)(record)
         self.addCleanup(registry.unregister, "testcase.record")
+        # Recorded, as a project's migrate records its handlers.
+        Subscription.objects.record([registry.get("testcase.record")], "tests")
         sent.clear()
 
 
@@ -91,6 +94,7 @@ class CaptureInATestCase(Captured, TestCase):
         }
     )
     def test_the_relay_in_the_test_s_transaction_sends_to_a_recorder(self):
+        Subscription.objects.record(registry.publishers(), "tests")
         order = place_order("A-5", "9.90")
         with record_publishers() as messages:
             relay_once()

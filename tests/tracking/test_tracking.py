@@ -311,6 +311,13 @@ def test_the_aggregate_type_and_event_names_are_the_subscribers(settings):
     from outbox_app.relay.registry import close_publishers
     from tests.testapp.models import Gadget
 
+    settings.OUTBOX_PUBLISHERS = {
+        "bus": {
+            "URL": "memory://",
+            "EXCHANGE": "gadgets",
+            "ROUTING_KEY": "{dimension}.{operation}",
+        }
+    }
     gadget = Gadget.objects.create(name="Lamp", price=5)
     gadget.price = 6
     gadget.save()
@@ -325,13 +332,6 @@ def test_the_aggregate_type_and_event_names_are_the_subscribers(settings):
         ("GadgetCreated", "Gadget", "create"),
         ("GadgetForceDeleted", "Gadget", "delete"),
     ]
-    settings.OUTBOX_PUBLISHERS = {
-        "bus": {
-            "URL": "memory://",
-            "EXCHANGE": "gadgets",
-            "ROUTING_KEY": "{dimension}.{operation}",
-        }
-    }
     call_command("check")
     from kombu import Connection, Exchange, Queue
 

@@ -648,9 +648,20 @@ class Dialect:
         """SQL for the tick a stream read used (its first column)."""
         return "NULL"
 
+    def own_events(self) -> str | None:
+        """The condition of an event (``e``) written by the reading
+        transaction itself, where a tick's would miss it (PostgreSQL); None
+        where the position read covers it (SQLite)."""
+        return None
+
     @functools.cache  # noqa: B019
     def stream_read(
-        self, type_count: int | None, partitioned: bool, held: int | None, walk: bool
+        self,
+        type_count: int | None,
+        partitioned: bool,
+        held: int | None,
+        walk: bool,
+        own: bool = False,
     ) -> str:
         """A batch of stream delivery: the next events of a cursor, in position
         order, within a byte budget; one row per event, or one row of NULLs
@@ -661,9 +672,12 @@ class Dialect:
         one of ``held`` subscriber names, or an earlier event of it awaits row
         delivery's fan-out, so an ordered subscriber's event waits behind
         it), and how many events the limit let through before
-        the byte budget (``candidates``). Parameters: the tick's
-        (:meth:`_tick`), the ``held`` names, ``type_count`` event types (None:
-        every type), with ``partitioned`` the count of partitions and this
+        the byte budget (``candidates``). With ``own``: the events of the
+        reading transaction itself (:meth:`own_events`), after a position,
+        with no tick (its column NULL). Parameters: the tick's
+        (:meth:`_tick`; none with ``own``), the ``held`` names,
+        ``type_count`` event types (None: every type), with ``partitioned``
+        the count of partitions and this
         one's number, the position read last (0: none yet), the limit, the
         byte budget.
         """
@@ -685,7 +699,7 @@ class Dialect:
                 f"AND f.position < e.position{self.probe_fence})) AS held"
             )
         where = [
-            self._in_tick(walk),
+            self.own_events() if own else self._in_tick(walk),
             "e.fanned_out IS NULL",
             "e.event_type IS NOT NULL",
         ]
@@ -714,9 +728,9 @@ class Dialect:
             f"SELECT {', '.join(f'w.{c}' for c in names)}, w.candidates "
             f"FROM ({budget}) w WHERE w.running <= %s OR w.n <= 1"
         )
-        tick, _ = self._tick()
+        tick, value = ("", "NULL") if own else (self._tick()[0], self._tick_value())
         return (
-            f"{tick}SELECT {self._tick_value()}, b.* FROM (SELECT 1 AS one) one "
+            f"{tick}SELECT {value}, b.* FROM (SELECT 1 AS one) one "
             f"LEFT JOIN ({within}) b ON 1 = 1 ORDER BY b.position"
         )
 
@@ -773,12 +787,12 @@ class Dialect:
         """Lease a cursor (by id) that is free or whose lease ran out, and
         read its state. Parameters: the lease token, the worker, the lease's
         expiry, now; the id; now. Returns ``tick, next_tick, position,
-        stop_tick`` (no row: another relay holds it)."""
+        stop_tick, own_position`` (no row: another relay holds it)."""
         return (
             f"UPDATE {self.c} SET lease_token = %s, locked_by = %s, "
             "locked_until = %s, wanted_by = '', updated_at = %s WHERE id = %s "
             "AND (lease_token IS NULL OR locked_until IS NULL OR locked_until "
-            "<= %s) RETURNING tick, next_tick, position, stop_tick"
+            "<= %s) RETURNING tick, next_tick, position, stop_tick, own_position"
         )
 
     @functools.cached_property
@@ -792,6 +806,15 @@ class Dialect:
             "locked_until = %s, ticked_at = COALESCE(%s, ticked_at), "
             "updated_at = %s WHERE id = %s AND lease_token = %s "
             "RETURNING wanted_by"
+        )
+
+    @functools.cached_property
+    def own_cursor(self) -> str:
+        """Write the last position delivered of the reading transaction's
+        own events, fenced by the lease token. Parameters: the position; the
+        id, the token."""
+        return (
+            f"UPDATE {self.c} SET own_position = %s WHERE id = %s AND lease_token = %s"
         )
 
     @functools.cached_property

@@ -203,15 +203,30 @@ class PostgreSQLDialect(Dialect):
         (``cur``: the given one, or a snapshot taken now), the range of
         transaction ids begun between them (``lo`` to ``hi``), those still
         running at ``cur`` and those running at ``prev`` that have ended by
-        ``cur`` (``finished``). Parameters: prev, cur (NULL: now)."""
+        ``cur`` (``finished``). Parameters: prev, cur (NULL: now).
+
+        The reading transaction's own id, where it has one (a relay run
+        inside a caller's transaction, as a test's), counts as running in
+        ``cur``: a snapshot counts its own transaction as committed, and its
+        events written after the tick would be taken as read. They are read
+        on their own (:meth:`stream_own_read`)."""
+        xip = (
+            "ARRAY(SELECT x FROM (SELECT pg_snapshot_xip(raw) AS x UNION "
+            "SELECT own WHERE own >= pg_snapshot_xmin(raw) "
+            "AND own < pg_snapshot_xmax(raw)) u ORDER BY x)"
+        )
         return (
             "WITH t AS (SELECT %s::pg_snapshot AS prev, "
-            "COALESCE(%s::pg_snapshot, pg_current_snapshot()) AS cur), "
+            "COALESCE(%s::pg_snapshot, pg_current_snapshot()) AS raw, "
+            "pg_current_xact_id_if_assigned() AS own), "
+            "c AS (SELECT prev, (pg_snapshot_xmin(raw)::text || ':' || "
+            f"pg_snapshot_xmax(raw)::text || ':' || array_to_string({xip}, ','))"
+            "::pg_snapshot AS cur FROM t), "
             "tick AS (SELECT prev, cur, pg_snapshot_xmax(prev) AS lo, "
             "pg_snapshot_xmax(cur) AS hi, "
             "ARRAY(SELECT pg_snapshot_xip(cur)) AS running, "
             "ARRAY(SELECT pg_snapshot_xip(prev) EXCEPT "
-            "SELECT pg_snapshot_xip(cur)) AS finished FROM t) ",
+            "SELECT pg_snapshot_xip(cur)) AS finished FROM c) ",
             ["prev", "cur"],
         )
 
@@ -271,3 +286,7 @@ class PostgreSQLDialect(Dialect):
     def unread_hint(self, e: str = "e") -> str:
         """Not visible in a snapshot: begun at or after its xmin."""
         return f"{e}.txid >= pg_snapshot_xmin(c.tick::pg_snapshot)"
+
+    def own_events(self) -> str | None:
+        """The events of the reading transaction itself (none outside one)."""
+        return "e.txid = pg_current_xact_id_if_assigned()"
