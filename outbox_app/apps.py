@@ -45,6 +45,49 @@ def _record_subscribers(sender: Any, using: str, **kwargs: Any) -> None:
     )
 
 
+#: ``(alias, registry version)`` pairs whose subscribers all have cursors
+#: (:func:`_know_subscribers`).
+_known: set[tuple[str, tuple]] = set()
+
+
+def _know_subscribers(sender: Any, using: str, **kwargs: Any) -> None:
+    """``events_writing`` receiver: give the subscribers this process has
+    that have no cursor on ``using`` theirs (a handler or publisher added
+    since the last ``migrate``, one a test configures), inside the
+    publishing transaction, so each receives the events written from now
+    on, this one included. One query per database and per change of the
+    subscribers (``relay.registry.version``); none with delivery rows. A
+    configuration that cannot be read (a malformed publisher) records
+    nothing here: ``manage.py check`` and the relay say why."""
+    from .relay import registry
+
+    key = (using, registry.version())
+    if key in _known:
+        return
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import transaction
+
+    from .store.gateway import streaming
+    from .store.models import Cursor
+
+    if streaming(using):
+        try:
+            found = registry.subscribers()
+        except ImproperlyConfigured:
+            return
+        cursors = Cursor.objects.using(using)
+        have = set(
+            cursors.filter(subscriber__in=[s.name for s in found])
+            .values_list("subscriber", flat=True)
+            .distinct()
+        )
+        missing = [s for s in found if s.name not in have]
+        if missing:
+            with transaction.atomic(using=using):  # a savepoint
+                cursors.ensure(missing)
+    transaction.on_commit(lambda: _known.add(key), using=using)
+
+
 class OutboxConfig(AppConfig):
     name = "outbox_app"
     verbose_name = _("Outbox")
@@ -55,11 +98,12 @@ class OutboxConfig(AppConfig):
 
         from .ops import checks  # noqa: F401  (registers the system checks)
         from .publishing import tracking
-        from .publishing.outbox import events_committed
+        from .publishing.outbox import events_committed, events_writing
         from .relay.wake import wake_relays
 
         tracking.connect_signals()
         post_migrate.connect(_record_subscribers, dispatch_uid="outbox_app.record")
+        events_writing.connect(_know_subscribers, dispatch_uid="outbox_app.know")
         events_committed.connect(wake_relays, dispatch_uid="outbox_app.wake_relays")
         events_committed.connect(_wake_celery, dispatch_uid="outbox_app.wake_celery")
 

@@ -79,34 +79,7 @@ def succeeded(using: str = "default") -> int:
 
 def succeeded_ids(using: str = "default") -> Counter:
     """The events delivered, counted once per subscriber that is done with
-    them: SUCCEEDED rows, and events a cursor read past with no row of them
-    (of a type its subscriber's active subscriptions take), one query per
-    engine."""
-    from django.db import connections
+    them (SUCCEEDED rows, and events a cursor delivered by stream)."""
+    from outbox_app.ops.streams import delivered
 
-    from outbox_app import Delivery
-    from outbox_app.store.lifecycle import State
-    from outbox_app.store.sql import dialect
-    from outbox_app.subscribers import WILDCARD
-
-    done = Counter(
-        Delivery.objects.using(using)
-        .filter(state=State.SUCCEEDED)
-        .values_list("event_id", flat=True)
-    )
-    d = dialect(using)
-    if d.stream is None:
-        return done
-    text = (
-        f"SELECT e.id FROM {d.e} e JOIN {d.c} c ON {d.cursor_covers()} "
-        f"WHERE e.fanned_out IS NULL AND e.event_type IS NOT NULL "
-        f"AND {d.cursor_passed()} AND EXISTS (SELECT 1 FROM {d.s} s "
-        "WHERE s.subscriber = c.subscriber AND s.retired_at IS NULL AND "
-        f"(s.event_type = '{WILDCARD}' OR s.event_type = e.event_type)) "
-        f"AND NOT EXISTS (SELECT 1 FROM {d.n} x WHERE x.event_id = e.id "
-        "AND x.subscriber = c.subscriber)"
-    )
-    with connections[using].cursor() as cursor:
-        cursor.execute(text, [])
-        done.update(d.uuid_value(row[0]) for row in cursor.fetchall())
-    return done
+    return Counter(i for ids in delivered(using).values() for i in ids)

@@ -16,7 +16,8 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, IntegerField, Min, Sum
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncMinute
 
 from ..relay import registry
@@ -29,6 +30,7 @@ from ..store.models import (
     SubscriberPause,
     Subscription,
 )
+from ..store.sql import dialect
 from ..subscribers import Subscriber
 from . import streams
 
@@ -394,9 +396,11 @@ def deliveries_per_minute(
 ) -> dict[str, Any]:
     """Successful deliveries per minute over the last 24 hours.
 
-    Counted from ``completed_at`` of SUCCEEDED deliveries, grouped by UTC
-    minute in the database (``TruncMinute``: portable across PostgreSQL,
-    MySQL/MariaDB and SQLite), so at most 1,440 rows come back however many
+    Counted from ``completed_at`` of SUCCEEDED deliveries, and, for the
+    events stream delivery delivered (no row, no time of delivery kept),
+    from their ``created_at``; grouped by UTC minute in the database
+    (``TruncMinute``: portable across PostgreSQL, MySQL/MariaDB and
+    SQLite), so at most 1,440 rows come back however many
     deliveries there were. Rows already purged are not counted.
 
     Returns:
@@ -417,10 +421,32 @@ def deliveries_per_minute(
         .annotate(n=Count("id"))
         .values_list("minute", "n")
     )
+    d = dialect(using)
+    if d.stream is not None:
+        # Stream delivery keeps no row, nor time, of what it delivered: an
+        # event read past counts in the minute it was published.
+        streamed = (
+            OutboxEvent.objects.using(using)
+            .filter(
+                fanned_out__isnull=True,
+                event_type__isnull=False,
+                created_at__gte=start,
+                created_at__lt=end,
+            )
+            .annotate(
+                minute=TruncMinute("created_at", tzinfo=_UTC),
+                n=RawSQL(d.streamed_count(), [], output_field=IntegerField()),
+            )
+            .order_by()
+            .values_list("minute")
+            .annotate(total=Sum("n"))
+            .values_list("minute", "total")
+        )
+        buckets = [*buckets, *streamed]
     for minute, n in buckets:
         index = int((minute.astimezone(_UTC) - start).total_seconds() // 60)
         if 0 <= index < CHART_MINUTES:
-            per_minute[index] += n
+            per_minute[index] += n or 0
     return {
         "start": start.isoformat(),
         "end": end.isoformat(),

@@ -60,6 +60,11 @@ events_committed = django.dispatch.Signal()
 #: ``rows`` (the :class:`OutboxEvent` rows written, in publish order),
 #: ``using`` (database alias). ``outbox_app.testing``'s captures listen to it.
 events_written = django.dispatch.Signal()
+#: Sent by every write that publishes right before its INSERT, inside the
+#: caller's transaction. Arguments: ``sender=OutboxEvent``, ``using``
+#: (database alias). The app records there the subscribers this process
+#: knows of that have no cursor yet, so they receive the events it writes.
+events_writing = django.dispatch.Signal()
 
 Aggregate = models.Model | tuple[str, Any] | None
 
@@ -303,6 +308,7 @@ def _write(
         for row in rows:
             row.action_id, row.action_name = action.id, action.name
             row.action_params = action.params
+    events_writing.send(sender=type(rows[0]), using=alias)
     _insert(rows, alias, texts)
     if action is not None:
         action.record(alias)  # only once the rows are written

@@ -103,6 +103,7 @@ def handler(
             partitions=partitions,
         )
         keep(_handlers, spec, "handler")
+        _changed()
         return fn
 
     return register
@@ -112,6 +113,25 @@ def unregister(name: str) -> None:
     """Remove a handler (tests and late-subscriber scenarios)."""
     with registry_lock:
         _handlers.pop(name, None)
+    _changed()
+
+
+#: Bumped whenever a handler is registered or removed (:func:`version`).
+_handlers_version = 0
+
+
+def _changed() -> None:
+    global _handlers_version
+    with registry_lock:
+        _handlers_version += 1
+
+
+def version() -> tuple:
+    """A value that changes whenever the subscribers this process has may
+    have: a handler registered or removed, ``OUTBOX_PUBLISHERS`` set anew
+    (a test's ``override_settings``), publishers closed. Cheap: no
+    publisher is built."""
+    return (_handlers_version, _generation, id(outbox_settings.raw("PUBLISHERS")))
 
 
 def handlers() -> list[Handler]:

@@ -183,6 +183,16 @@ class Cursors:
         if clock - self._tried.get(name, -TAKE_RETRY_SECONDS) >= TAKE_RETRY_SECONDS:
             self._tried[name] = clock
             holds = self._share(subscriber, holds, now)
+            # An old cursor taken already drained (stopped where it stood: no
+            # event came between its last read and the change) goes at once,
+            # and the new count's are taken: a relay that holds its cursors
+            # for one pass only (relay_once(), a Celery task) would otherwise
+            # take and hand it back forever.
+            drained = [h for h in holds if h.drained]
+            for hold in drained:
+                self._drop(hold)
+            if drained:
+                holds = self._share(subscriber, [h for h in holds if not h.lost], now)
         self.holds[name] = holds
         return holds
 

@@ -173,6 +173,12 @@ class RelayWorker:
                     self._keep_connection()
                     idle_wait = self._idle(listener, idle_wait, deadline)
             finally:
+                # Its cursors handed back: another relay goes on at once, not
+                # a lease later (a deploy's SIGTERM, --once done).
+                try:
+                    view.close()
+                except DatabaseError as exc:
+                    logger.warning("relay could not hand its cursors back: %s", exc)
                 if self.health is not None:
                     self.health.remove()
                 events_committed.disconnect(listener.wake)

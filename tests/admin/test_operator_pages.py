@@ -318,6 +318,7 @@ def test_requeue_matching__says_the_filter_in_words(operator_client):
 # --- the overview: links and the live part --------------------------------------
 
 
+@pytest.mark.engine("rows")  # its event awaits fan-out
 def test_overview__counts_link_to_their_filtered_lists(admin_client):
     event = events(1)[0]
     delivery(event, "ops.record", State.DEAD)

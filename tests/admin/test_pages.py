@@ -151,7 +151,8 @@ def test_event_list__the_fanned_out_column_says_so(admin_client):
         "event_type__exact=OrderPlaced",
         "aggregate_type__exact=shop.Order",
         "tenant_id__exact=t1",
-        "fanned_out__exact=0",
+        # Awaiting fan-out: row delivery's (stream delivery has none).
+        pytest.param("fanned_out__exact=0", marks=pytest.mark.engine("rows")),
         "occurred_at__gte=2000-01-01+00:00:00%2B00:00",
     ],
 )

@@ -510,6 +510,8 @@ def test_operators_see_each_cursor_with_what_it_has_still_to_read(handlers):
     caught_up = {c["subscriber"]: c for c in data["streams"]}["record_a"]
     assert (caught_up["waiting"], caught_up["oldest_waiting_seconds"]) == (0, None)
     assert caught_up["last_tick"] is not None
+    # Delivered by stream: counted in the minute published, once a subscriber.
+    assert data["deliveries"]["total"] == 6
     out = io.StringIO()
     call_command("outbox_status", stdout=out)
     assert "stream record_a: 0 waiting" in out.getvalue()
@@ -611,3 +613,42 @@ def test_a_relay_inside_the_transaction_that_published_delivers_each_event_once(
     place(1)
     relay_once()
     assert sorted(seen) == [0, 0, 1, 7]
+
+
+def test_a_subscriber_nobody_recorded_receives_what_its_process_publishes():
+    """A handler added since the last ``migrate`` (or a test's): the first
+    publish() of a process that has it gives it its cursor inside the
+    publishing transaction, so the events that transaction writes are its,
+    even after other writes of the transaction; a rolled-back one leaves it
+    to the next."""
+    from outbox_app import handler
+    from outbox_app.relay.registry import unregister
+
+    seen = []
+    handler(OrderPlaced, name="unrecorded")(lambda event, context: seen.append(event))
+    try:
+        with transaction.atomic():
+            Order.objects.create(reference="rolled back")
+            place(1)
+            transaction.set_rollback(True)
+        assert not Cursor.objects.filter(subscriber="unrecorded").exists()
+        with transaction.atomic():
+            Order.objects.create(reference="a")  # the transaction has written
+            [event] = place(1)
+        relay_once()
+        assert [e.order_id for e in seen] == [event.payload["order_id"]]
+        assert kit.deliveries([event]) == {(event.id, "unrecorded"): State.SUCCEEDED}
+    finally:
+        unregister("unrecorded")
+
+
+def test_a_relay_that_stops_hands_its_cursors_back(handlers):
+    """``manage.py relay --once`` done (or a relay's SIGTERM): no cursor is
+    left under its lease, so the next relay reads on at once."""
+    from outbox_app.relay.worker import RelayWorker
+
+    handlers("record")
+    place(2)
+    RelayWorker(once=True).run()
+    assert kit.succeeded() == 4
+    assert not kit.taken()

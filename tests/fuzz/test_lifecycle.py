@@ -117,7 +117,9 @@ from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import CLAIMABLE, FINISHED, UNFINISHED, State
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The delivery rows' lifecycle: events written for row delivery (stream
+# delivery's own rows are the same rows, diverted: tests/delivery/test_stream.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.engine("rows")]
 
 EXAMPLES = settings(
     max_examples=20,

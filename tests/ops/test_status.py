@@ -171,6 +171,7 @@ def test_command__json_shape():
         "blocked_aggregates",
         "events_awaiting_fanout",
         "oldest_awaiting_fanout_seconds",
+        "streams",
         "subscribers",
         "deliveries",
         "inbox",
@@ -191,6 +192,7 @@ def test_command__json_shape():
         "blocked_aggregates",
         "scheduled",
         "next_scheduled",
+        "stream",
         "paused",
     }
     assert row["paused"] is None

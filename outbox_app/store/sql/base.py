@@ -771,10 +771,45 @@ class Dialect:
         return (
             f"EXISTS (SELECT 1 FROM {self.c} c WHERE {self.cursor_covers(e)} "
             f"AND {self.unread_hint(e)} "
-            f"AND NOT {self.cursor_passed(e)} AND EXISTS (SELECT 1 FROM "
-            f"{self.s} s WHERE s.subscriber = c.subscriber AND s.retired_at IS "
-            f"NULL AND (s.event_type = '{WILDCARD}' OR s.event_type = "
-            f"{e}.event_type)))"
+            f"AND NOT {self.cursor_passed(e)} AND {self.cursor_takes(e)})"
+        )
+
+    def cursor_takes(self, e: str = "e") -> str:
+        """The condition that the cursor ``c``'s subscriber has an active
+        subscription to the type of the event ``e``."""
+        return (
+            f"EXISTS (SELECT 1 FROM {self.s} s WHERE s.subscriber = c.subscriber "
+            f"AND s.retired_at IS NULL AND (s.event_type = '{WILDCARD}' OR "
+            f"s.event_type = {e}.event_type))"
+        )
+
+    def delivered_by_stream(self, e: str = "e") -> str:
+        """The condition that the cursor ``c`` delivered the event ``e``
+        (written for stream delivery) by stream: it covers it and has read
+        past it, its subscriber's active subscriptions take its type, and
+        that subscriber has no row of it."""
+        return (
+            f"{self.cursor_covers(e)} AND {self.cursor_passed(e)} AND "
+            f"{self.cursor_takes(e)} AND NOT EXISTS (SELECT 1 FROM {self.n} x "
+            f"WHERE x.event_id = {e}.id AND x.subscriber = c.subscriber)"
+        )
+
+    @functools.cached_property
+    def streamed(self) -> str:
+        """``(event id, subscriber)`` of every event delivered by stream
+        (:meth:`delivered_by_stream`). No parameters."""
+        return (
+            f"SELECT e.id, c.subscriber FROM {self.e} e JOIN {self.c} c ON "
+            f"{self.delivered_by_stream()} WHERE e.fanned_out IS NULL AND "
+            "e.event_type IS NOT NULL"
+        )
+
+    def streamed_count(self) -> str:
+        """How many subscribers delivered the event (the events table's row,
+        by its name) by stream: a scalar subquery."""
+        return (
+            f"(SELECT COUNT(*) FROM {self.c} c WHERE "
+            f"{self.delivered_by_stream(self.e)})"
         )
 
     def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:

@@ -210,18 +210,11 @@ class PostgreSQLDialect(Dialect):
         ``cur``: a snapshot counts its own transaction as committed, and its
         events written after the tick would be taken as read. They are read
         on their own (:meth:`stream_own_read`)."""
-        xip = (
-            "ARRAY(SELECT x FROM (SELECT pg_snapshot_xip(raw) AS x UNION "
-            "SELECT own WHERE own >= pg_snapshot_xmin(raw) "
-            "AND own < pg_snapshot_xmax(raw)) u ORDER BY x)"
-        )
         return (
             "WITH t AS (SELECT %s::pg_snapshot AS prev, "
             "COALESCE(%s::pg_snapshot, pg_current_snapshot()) AS raw, "
             "pg_current_xact_id_if_assigned() AS own), "
-            "c AS (SELECT prev, (pg_snapshot_xmin(raw)::text || ':' || "
-            f"pg_snapshot_xmax(raw)::text || ':' || array_to_string({xip}, ','))"
-            "::pg_snapshot AS cur FROM t), "
+            f"c AS (SELECT prev, {self._own_running} AS cur FROM t), "
             "tick AS (SELECT prev, cur, pg_snapshot_xmax(prev) AS lo, "
             "pg_snapshot_xmax(cur) AS hi, "
             "ARRAY(SELECT pg_snapshot_xip(cur)) AS running, "
@@ -229,6 +222,17 @@ class PostgreSQLDialect(Dialect):
             "SELECT pg_snapshot_xip(cur)) AS finished FROM c) ",
             ["prev", "cur"],
         )
+
+    #: The snapshot ``raw`` with the transaction ``own`` (NULL: none)
+    #: listed as running where it is not already: PostgreSQL leaves a
+    #: transaction's own id out of its snapshots, so they count it as
+    #: committed.
+    _own_running = (
+        "(pg_snapshot_xmin(raw)::text || ':' || pg_snapshot_xmax(raw)::text || "
+        "':' || array_to_string(ARRAY(SELECT x FROM (SELECT pg_snapshot_xip(raw) "
+        "AS x UNION SELECT own WHERE own >= pg_snapshot_xmin(raw) AND own < "
+        "pg_snapshot_xmax(raw)) u ORDER BY x), ','))::pg_snapshot"
+    )
 
     def _tick_value(self) -> str:
         return "(SELECT cur::text FROM tick)"
@@ -269,8 +273,15 @@ class PostgreSQLDialect(Dialect):
     def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
         if earliest:
             return self.EMPTY_TICK, 0
+        # Inside a transaction that has written (one publishing, as it records
+        # the subscribers it knows of), that transaction's own events are
+        # the cursor's too: its id counts as running.
         with connections[using].cursor() as cursor:
-            cursor.execute("SELECT pg_current_snapshot()::text")
+            cursor.execute(
+                f"SELECT {self._own_running}::text FROM (SELECT "
+                "pg_current_snapshot() AS raw, pg_current_xact_id_if_assigned() "
+                "AS own) t"
+            )
             return cursor.fetchone()[0], 0
 
     def _after_origin(self, e: str) -> str:

@@ -29,6 +29,7 @@ from outbox_app import Delivery, OutboxEvent
 from outbox_app.inbox import consumers
 from outbox_app.inbox.worker import ConsumeWorker
 from outbox_app.management.base import OutboxCommand
+from outbox_app.ops import streams
 from outbox_app.relay import relay_once
 from outbox_app.relay.registry import subscribers
 from outbox_app.store.lifecycle import State
@@ -195,13 +196,13 @@ class _ErrorsBesideTheBar(logging.Handler):
 
 
 def _outstanding() -> int:
-    """Events not fanned out + deliveries not finished + broker deliveries
-    not consumed yet."""
-    broker = Delivery.objects.filter(
-        subscriber__in=_broker_names(), state=State.SUCCEEDED
-    ).count()
+    """Events not fanned out or still to be read by a cursor + deliveries not
+    finished + broker deliveries not consumed yet."""
+    done = streams.delivered()
+    broker = sum(len(done.get(name, ())) for name in _broker_names())
     return (
         OutboxEvent.objects.awaiting_fanout().count()
+        + streams.awaited()
         + Delivery.objects.filter(state__in=UNFINISHED).count()
         + max(broker - ConsumedMessage.objects.count(), 0)
     )
@@ -360,8 +361,8 @@ class _Reconciliation:
         header = (
             f"{'subscriber':<24}{'expected':>9}{'delivered':>10}"
             f"{'dead(exp)':>10}{'dead(unexp)':>12}{'unfinished':>11}"
-            f"{'lag avg s':>10}{'lag max s':>10}"
         )
+        done = streams.delivered()
         write(header)
         write("-" * len(header))
         for sub in sorted(subscribers(), key=lambda s: s.name):
@@ -380,21 +381,14 @@ class _Reconciliation:
             ).count()
             dead_unexpected = states[State.DEAD] - dead_expected
             unfinished = sum(states[s] for s in UNFINISHED)
-            lags = [
-                (done - created).total_seconds()
-                for done, created in rows.filter(state=State.SUCCEEDED).values_list(
-                    "completed_at", "event__created_at"
-                )
-            ]
-            avg = sum(lags) / len(lags) if lags else 0.0
+            delivered = sum(len(done.get(name, ())) for name in sub.stored_names)
             write(
-                f"{sub.name:<24}{expected:>9}{states[State.SUCCEEDED]:>10}"
+                f"{sub.name:<24}{expected:>9}{delivered:>10}"
                 f"{dead_expected:>10}{dead_unexpected:>12}{unfinished:>11}"
-                f"{avg:>10.2f}{max(lags, default=0.0):>10.2f}"
             )
-            if states[State.SUCCEEDED] + dead_expected != expected:
+            if delivered + dead_expected != expected:
                 problems.append(
-                    f"{sub.name}: {expected} expected, {states[State.SUCCEEDED]} "
+                    f"{sub.name}: {expected} expected, {delivered} "
                     f"delivered + {dead_expected} expected dead letters"
                 )
             if dead_unexpected or unfinished:
@@ -409,12 +403,8 @@ class _Reconciliation:
 
     def _broker(self, write) -> list[str]:
         problems = []
-        sent = {
-            str(i)
-            for i in Delivery.objects.filter(
-                subscriber__in=_broker_names(), state=State.SUCCEEDED
-            ).values_list("event_id", flat=True)
-        }
+        done = streams.delivered()
+        sent = {str(i) for name in _broker_names() for i in done.get(name, ())}
         consumed = {
             m.replace("-", "")
             for m in ConsumedMessage.objects.values_list("message_id", flat=True)
@@ -462,11 +452,8 @@ class _Reconciliation:
             ).values_list("id", "event_type")
             if publisher.receives(event_type)
         }
-        delivered = set(
-            Delivery.objects.filter(
-                subscriber__in=publisher.stored_names, state=State.SUCCEEDED
-            ).values_list("event_id", flat=True)
-        )
+        done = streams.delivered()
+        delivered = {i for name in publisher.stored_names for i in done.get(name, ())}
         missing = committed - delivered
         write(
             f"{publisher.name}: delivered {len(delivered)} of "
