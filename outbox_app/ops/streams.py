@@ -180,6 +180,24 @@ def delivered(using: str = "default") -> dict[str, set]:
     return done
 
 
+def waiting(using: str = "default") -> dict[tuple[str, str], int]:
+    """How many events each subscriber's cursors have still to read, by
+    ``(subscriber, event type)`` (of the types its active subscriptions
+    take): the stream's share of what waits for it."""
+    d = dialect(using)
+    if d.stream is None:
+        return {}
+    text = (
+        f"SELECT c.subscriber, e.event_type, COUNT(*) FROM {d.e} e JOIN {d.c} c "
+        f"ON {d.cursor_covers()} WHERE {d.streamed_event()} AND "
+        f"{d.cursor_unread()} AND {d.cursor_takes()} "
+        "GROUP BY c.subscriber, e.event_type"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, [])
+        return {(name, kind): n for name, kind, n in cursor.fetchall()}
+
+
 def awaited(using: str = "default") -> int:
     """How many events written for stream delivery some cursor has still to
     read (of a type its subscriber's active subscriptions take): the
@@ -188,8 +206,7 @@ def awaited(using: str = "default") -> int:
     if d.stream is None:
         return 0
     text = (
-        f"SELECT COUNT(*) FROM {d.e} e WHERE e.fanned_out IS NULL "
-        f"AND e.event_type IS NOT NULL AND {d.awaited('e')}"
+        f"SELECT COUNT(*) FROM {d.e} e WHERE {d.streamed_event()} AND {d.awaited('e')}"
     )
     with connections[using].cursor() as cursor:
         cursor.execute(text, [])  # [] : "%%" is read as "%"
@@ -219,9 +236,8 @@ def lag(
     now = now or database_now(using)
     text = (
         f"SELECT c.id, COUNT(e.id), MIN(e.created_at) FROM {d.c} c LEFT JOIN "
-        f"{d.e} e ON e.fanned_out IS NULL AND e.event_type IS NOT NULL AND "
-        f"{d.cursor_covers()} AND {d.unread_hint()} AND NOT {d.cursor_passed()} "
-        f"AND {d.cursor_takes()} GROUP BY c.id"
+        f"{d.e} e ON {d.streamed_event()} AND {d.cursor_covers()} AND "
+        f"{d.cursor_unread()} AND {d.cursor_takes()} GROUP BY c.id"
     )
     with connections[using].cursor() as cursor:
         cursor.execute(text, [])

@@ -501,6 +501,10 @@ def test_operators_see_each_cursor_with_what_it_has_still_to_read(handlers):
     assert data["lag_seconds"] is not None
     row = {r["name"]: r for r in data["subscribers"]}["record_a"]
     assert row["stream"]["waiting"] == 3
+    listed = io.StringIO()
+    call_command("outbox_subscribers", stdout=listed, no_color=True)
+    [line] = [x for x in listed.getvalue().splitlines() if x.startswith("record_a ")]
+    assert line.split()[-1] == "3"  # its waiting events
     text, _ = exposition()
     assert b'outbox_stream_waiting_events{partition="0",subscriber="record_a"} 3.0' in (
         text

@@ -15,7 +15,7 @@ from outbox_app.events.ids import worker_name
 from outbox_app.exceptions import OutboxError
 from outbox_app.inbox import recorded
 from outbox_app.management.base import OutboxCommand
-from outbox_app.ops import subscriptions
+from outbox_app.ops import streams, subscriptions
 from outbox_app.relay import registry
 from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import INBOX_REQUEUEABLE, UNFINISHED
@@ -201,6 +201,8 @@ class Command(OutboxCommand):
             )
             return
         unfinished = _counts(Delivery.objects.using(using), "subscriber", UNFINISHED)
+        for key, n in streams.waiting(using).items():  # unread by its cursors
+            unfinished[key] = unfinished.get(key, 0) + n
         failing = _counts(
             InboxMessage.objects.using(using), "consumer", INBOX_REQUEUEABLE
         )

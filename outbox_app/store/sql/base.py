@@ -700,8 +700,7 @@ class Dialect:
             )
         where = [
             self.own_events() if own else self._in_tick(walk),
-            "e.fanned_out IS NULL",
-            "e.event_type IS NOT NULL",
+            self.streamed_event(),
         ]
         if type_count is not None:
             where.append(f"e.event_type IN ({', '.join(['%s'] * type_count)})")
@@ -763,6 +762,16 @@ class Dialect:
         :meth:`cursor_passed`."""
         raise NotImplementedError
 
+    def cursor_unread(self, e: str = "e") -> str:
+        """The condition that the cursor ``c`` has not read the event ``e``
+        (its index-served bound included)."""
+        return f"{self.unread_hint(e)} AND NOT {self.cursor_passed(e)}"
+
+    def streamed_event(self, e: str = "e") -> str:
+        """The condition that the event ``e`` was written for stream
+        delivery (and is not an action's sentinel)."""
+        return f"{e}.fanned_out IS NULL AND {e}.event_type IS NOT NULL"
+
     def awaited(self, e: str) -> str:
         """The condition that some cursor has still to deliver the event
         ``e`` (an expression naming the events table's row): one that covers
@@ -770,8 +779,7 @@ class Dialect:
         type is active."""
         return (
             f"EXISTS (SELECT 1 FROM {self.c} c WHERE {self.cursor_covers(e)} "
-            f"AND {self.unread_hint(e)} "
-            f"AND NOT {self.cursor_passed(e)} AND {self.cursor_takes(e)})"
+            f"AND {self.cursor_unread(e)} AND {self.cursor_takes(e)})"
         )
 
     def cursor_takes(self, e: str = "e") -> str:
@@ -800,8 +808,7 @@ class Dialect:
         (:meth:`delivered_by_stream`). No parameters."""
         return (
             f"SELECT e.id, c.subscriber FROM {self.e} e JOIN {self.c} c ON "
-            f"{self.delivered_by_stream()} WHERE e.fanned_out IS NULL AND "
-            "e.event_type IS NOT NULL"
+            f"{self.delivered_by_stream()} WHERE {self.streamed_event()}"
         )
 
     def streamed_count(self) -> str:
@@ -926,7 +933,6 @@ class Dialect:
         )
         return (
             f"FROM {self.e} e JOIN {self.c} c ON c.subscriber = %s "
-            f"AND {self.cursor_covers()} WHERE e.fanned_out IS NULL "
-            f"AND e.event_type IS NOT NULL{types} AND {self.unread_hint()} "
-            f"AND NOT {self.cursor_passed()}"
+            f"AND {self.cursor_covers()} WHERE {self.streamed_event()}{types} "
+            f"AND {self.cursor_unread()}"
         )
