@@ -70,7 +70,7 @@ DEFAULTS: dict[str, Setting] = {
         "mode (docs/databases.md).",
     ),
     "ENGINE": Setting(
-        None,
+        "rows",
         'How relays deliver new events: "stream" (each subscriber reads the '
         "outbox through its cursors and writes a delivery row only for what "
         'needs attention), "rows" (a delivery row per event and subscriber), '

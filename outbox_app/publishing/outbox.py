@@ -288,7 +288,7 @@ def _write(
     _insert(rows, alias, texts)
     if action is not None:
         action.record(alias)  # only once the rows are written
-    events_written.send(sender=OutboxEvent, rows=rows, using=alias)
+    events_written.send(sender=type(rows[0]), rows=rows, using=alias)
     _wake_on_commit(alias)
 
 
