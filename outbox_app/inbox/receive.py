@@ -74,11 +74,11 @@ import orjson
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, Q
 
+from ..events.cloudevents import COLUMNS, parse, parse_time, read
 from ..events.text import storable, unstorable
 from ..exceptions import UndecodableMessage
 from ..execution.metrics import consume_metrics
 from ..execution.run import Callback, Execution, Role, recorded_error, run_callbacks
-from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
 from ..store.clock import database_now
 from ..store.db import insert_new
 from ..store.lifecycle import InboxState
@@ -93,14 +93,6 @@ logger = logging.getLogger("outbox_app.inbox")
 #: The inbox's unique key: (consumer, source, message_id).
 UNIQUE = "outbox_inbox_key"
 KEY = ("consumer", "source", "message_id")
-#: CloudEvents attribute -> the InboxMessage column that stores it.
-COLUMNS = {
-    "id": "message_id",
-    "source": "source",
-    "type": "event_type",
-    "subject": "aggregate_id",
-    "aggregatetype": "aggregate_type",
-}
 UNDECODABLE = dotted_path(UndecodableMessage)
 #: States that hold back an ordered consumer's later messages of an aggregate.
 UNFINISHED = (InboxState.FAILED, InboxState.DEAD)
@@ -110,34 +102,17 @@ WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)
 def context_for(
     envelope: dict[str, Any], consumer: Consumer, queue: str, attempt: int
 ) -> ConsumeContext:
-    """The context of ``envelope`` (a parsed CloudEvent) for ``consumer``."""
+    """The context of ``envelope`` (a parsed CloudEvent) for ``consumer``:
+    its attributes read back into their fields
+    (:func:`~outbox_app.events.cloudevents.read`)."""
+    fields_ = read(envelope)
     try:
-        event_id = uuid.UUID(envelope["id"])
+        event_id = uuid.UUID(fields_["message_id"])
     except ValueError:
         event_id = None
-    revision = envelope.get("revision")
-    version = envelope.get("aggregateversion")
     return ConsumeContext(
-        message_id=envelope["id"],
+        **fields_,
         event_id=event_id,
-        source=envelope["source"],
-        event_type=envelope["type"],
-        revision=revision if isinstance(revision, int) else 1,
-        payload=envelope.get("data"),
-        aggregate_type=envelope.get("aggregatetype"),
-        aggregate_id=envelope.get("subject"),
-        aggregate_version=version if isinstance(version, int) else None,
-        tenant_id=envelope.get("tenantid"),
-        action_id=envelope.get("actionid"),
-        headers={
-            header: envelope[attribute]
-            for header, attribute in HEADER_EXTENSIONS.items()
-            if isinstance(envelope.get(attribute), str)
-        },
-        occurred_at=parse_time(envelope.get("time")),
-        deliver_at=parse_time(envelope.get("deliverat")),
-        expires_at=parse_time(envelope.get("expiretime")),
-        operation=envelope.get("operation"),
         envelope=envelope,
         attempt=attempt,
         consumer=consumer.name,

@@ -41,7 +41,9 @@ class ConsumeContext:
             (``aggregatetype``, ``subject``, ``aggregateversion``).
         tenant_id, action_id: ``tenantid``, ``actionid`` if any.
         headers: ``correlation_id``, ``causation_id``, ``traceparent``,
-            ``tracestate`` when the message carries them.
+            ``tracestate``, ``actor`` and ``metadata`` when the message
+            carries them, as the text on the wire (``metadata``: a JSON
+            object's text).
         occurred_at, deliver_at, expires_at: ``time``, ``deliverat``,
             ``expiretime`` (aware datetimes) or None.
         operation: the ``operation`` attribute (a tracked model's create,
