@@ -67,7 +67,7 @@ import logging
 import operator
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -77,7 +77,8 @@ from django.db.models import Exists, OuterRef, Q
 from ..events.cloudevents import COLUMNS, parse, parse_time, read
 from ..events.text import storable, unstorable
 from ..exceptions import UndecodableMessage
-from ..execution.metrics import consume_metrics
+from ..execution.metrics import Counts, consume_metrics
+from ..execution.retry import RetryPolicy
 from ..execution.run import Callback, Execution, Role, recorded_error, run_callbacks
 from ..store.clock import database_now
 from ..store.db import insert_new
@@ -121,7 +122,7 @@ def context_for(
 
 
 @dataclass
-class Tally:
+class Tally(Counts):
     """Counts of messages (per consumer they were meant for).
 
     Attributes:
@@ -150,19 +151,6 @@ class Tally:
     expired: int = 0
     ignored: int = 0
     deferred: int = 0
-
-    def __iadd__(self, other: Tally) -> Tally:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
-
-    def __str__(self) -> str:
-        return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
-
-    def fields(self) -> str:
-        """``handled=1 duplicates=0 ...``: the counts as a log line's fields
-        (the relay's iteration lines read alike)."""
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
 def _span(consumer: Consumer, context: ConsumeContext) -> tuple[str, dict]:
@@ -909,7 +897,7 @@ def _failed(
     the backoff, or DEAD when out of attempts. ``insert``: the row is gone
     with the rollback of a first run (else it is updated by id)."""
     now = database_now(alias)
-    retry_at = consumer.policy().retry_at(error, attempt, now)
+    retry_at = RetryPolicy.of(consumer).retry_at(error, attempt, now)
     message, error_type, text = recorded_error(error)
     values = {
         "state": InboxState.FAILED if retry_at else InboxState.DEAD,

@@ -158,7 +158,7 @@ class RelayWorker:
                         self.on_iteration(report)
                     backlog.record(report, began)
                     if report.claimed or report.fanned_out:
-                        logger.debug("relay iteration %s", _fields(report))
+                        logger.debug("relay iteration %s", report.fields())
                         idle_wait = MIN_POLL_SECONDS
                         # An iteration that ended before its budget found
                         # nothing more to do. Where the relay LISTENs, a commit
@@ -181,7 +181,7 @@ class RelayWorker:
                 # in a thread of a longer-lived process leaves none behind).
                 if not connections[self.using].in_atomic_block:
                     connections[self.using].close()
-        logger.info("relay stopped %s", _fields(total))
+        logger.info("relay stopped %s", total.fields())
         return total
 
     def _report_health(self) -> None:
@@ -274,13 +274,9 @@ class _Backlog:
             logger.info(
                 "relay idle: backlog drained in %.1f s, %s",
                 time.monotonic() - self.since,
-                _fields(self.done),
+                self.done.fields(),
             )
             self.since = None
-
-
-def _fields(report: RelayReport) -> str:
-    return " ".join(f"{key}={value}" for key, value in report.as_dict().items())
 
 
 @contextmanager
