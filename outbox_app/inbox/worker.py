@@ -43,8 +43,10 @@ from ..health import HealthFile
 from ..store.models import InboxMessage
 from ..store.querysets import HEARTBEAT_SECONDS
 from . import recorded
-from .receive import Tally, receive_batch, retry_due
+from .outcomes import Tally
+from .receive import receive_batch
 from .registry import Consumer
+from .retry import retry_due
 
 logger = logging.getLogger("outbox_app.inbox")
 

@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 
 from outbox_app.execution.retry import RetryPolicy
-from outbox_app.inbox.receive import Tally
+from outbox_app.inbox.outcomes import Tally
 from outbox_app.inbox.registry import Consumer
 from outbox_app.relay.outcomes import RelayReport
 from outbox_app.subscribers import Handler

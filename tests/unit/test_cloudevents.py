@@ -177,7 +177,7 @@ def test_the_inbox_reads_back_every_attribute_a_publisher_writes():
     inbox's context gives back field for field (the headers as the text on
     the wire), and nothing of the inbox reads it through the publishers."""
     from outbox_app.events.cloudevents import parse
-    from outbox_app.inbox.receive import context_for
+    from outbox_app.inbox.context import context_for
     from outbox_app.inbox.registry import Consumer
     from tests.unit.test_layers import imports
 
