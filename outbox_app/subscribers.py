@@ -153,7 +153,7 @@ class Callee(Receiver):
     #: returns is ignored; what it raises fails the attempt.
     fn: Callable[[Any, Any], Any] = field(default=lambda e, c: None)
     #: Seconds one call may run before
-    #: :class:`~outbox_app.exceptions.HandlerTimeout` interrupts it (a failed
+    #: :class:`~outbox_app.exceptions.CallTimeout` interrupts it (a failed
     #: attempt; SIGALRM, so in the process's main thread only; an alarm
     #: inside a database call waits for the call to return); None: no limit.
     timeout: float | None = None

@@ -45,7 +45,7 @@ KEY = ("consumer", "source", "message_id")
 UNDECODABLE = dotted_path(UndecodableMessage)
 
 #: The last error of a message an ordered consumer holds back.
-WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
+HELD_BACK = "waiting behind an earlier message of its aggregate (ordered consumer)"
 
 
 @dataclass

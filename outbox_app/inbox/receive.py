@@ -60,7 +60,7 @@ from django.db import IntegrityError, connections, router, transaction
 
 from ..events.cloudevents import parse
 from ..events.text import storable
-from ..exceptions import UndecodableMessage
+from ..exceptions import UndecodableMessage, renamed
 from ..execution.metrics import consume_metrics
 from ..execution.run import Callback, Execution, Role
 from ..store.clock import database_now
@@ -70,10 +70,10 @@ from ..store.models import InboxMessage
 from ..store.sql import dialect
 from .context import as_bytes, columns_of, context_for, dead_key, expired, published_at
 from .outcomes import (
+    HELD_BACK,
     KEY,
     UNDECODABLE,
     UNIQUE,
-    WAITING,
     Ran,
     Tally,
     after_commit,
@@ -419,7 +419,7 @@ def run_consumer(
         after the commit (:func:`after_commit`). None: Django runs them.
 
     Raises:
-        HandlerTimeout: it ran longer than its ``timeout`` (even if it caught
+        CallTimeout: it ran longer than its ``timeout`` (even if it caught
             the exception and returned).
         TransactionBroken: it returned, but its writes cannot commit.
         Exception: what it raised, or its event's decoding error (the
@@ -477,7 +477,7 @@ def _first(
                 row.next_retry_at, row.body, row.last_error = (
                     now,
                     storable(body),
-                    WAITING,
+                    HELD_BACK,
                 )
                 row.save(using=alias)
                 consume_metrics.outcome(consumer.name, "waiting")
@@ -512,3 +512,6 @@ def held_back(rows: list[InboxMessage], alias: str) -> bool:
     )
     found = unfinished.values_list("consumer", "aggregate_type", "aggregate_id")
     return not keys.isdisjoint(found)
+
+
+__getattr__ = renamed(__name__, {"WAITING": "HELD_BACK"})

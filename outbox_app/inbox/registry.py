@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..events.types import Event, validate_event_type
+from ..exceptions import OutboxDeprecationWarning
+from ..execution.retry import RetryPolicy
 from ..subscribers import WILDCARD, Callee, dotted_path, keep, registry_lock
 
 _consumers: dict[str, Consumer] = {}
@@ -89,6 +92,18 @@ class Consumer(Callee):
     queue: str
     #: Routing keys the queue is bound with (topic patterns).
     bindings: tuple[str, ...] = ("#",)
+
+    def policy(self) -> RetryPolicy:
+        """Its retry policy. Deprecated: ``RetryPolicy.of(consumer)``, the
+        one path for handlers, publishers and consumers; this method goes in
+        the next release."""
+        warnings.warn(
+            "Consumer.policy() is replaced by RetryPolicy.of(consumer); it goes "
+            "in the next release",
+            OutboxDeprecationWarning,
+            stacklevel=2,
+        )
+        return RetryPolicy.of(self)
 
 
 def consumer(

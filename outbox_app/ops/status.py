@@ -20,9 +20,10 @@ from typing import Any
 from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import Coalesce, TruncMinute
 
+from ..exceptions import renamed
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import InboxState, State
+from ..store.lifecycle import UNFINISHED, InboxState, State
 from ..store.models import (
     Delivery,
     InboxMessage,
@@ -32,8 +33,9 @@ from ..store.models import (
 )
 from ..subscribers import Subscriber
 
-#: Deliveries not finished and still being tried: what the lag measures.
-WAITING = (State.PENDING, State.RUNNING, State.FAILED)
+#: The states of the deliveries the lag measures: not finished and still
+#: being tried (a DEAD one waits for an operator, not for a relay).
+LAG_STATES = tuple(s for s in UNFINISHED if s != State.DEAD)
 #: Length of the deliveries-per-minute series.
 CHART_MINUTES = 24 * 60
 
@@ -181,7 +183,7 @@ class _PerName:
         # deliver_at, else its creation at fan-out. Rows scheduled for later
         # are not late.
         oldest = dict(
-            table.filter(state__in=WAITING)
+            table.filter(state__in=LAG_STATES)
             .exclude(deliver_at__gt=now)
             .order_by()
             .values_list("subscriber")
@@ -521,3 +523,6 @@ def _age(moment: datetime.datetime | None, now: datetime.datetime) -> float | No
     if moment is None:
         return None
     return round(max(0.0, (now - moment).total_seconds()), 1)
+
+
+__getattr__ = renamed(__name__, {"WAITING": "LAG_STATES"})

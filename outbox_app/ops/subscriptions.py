@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import QuerySet
 
+from ..exceptions import renamed
 from ..relay import registry
 from ..store.clock import database_now
 from ..store.lifecycle import REQUEUEABLE, State
@@ -138,10 +139,6 @@ def replay_to(
     return ReplayResult(created, reset, skipped)
 
 
-#: What retiring a subscription does with its subscriber's waiting rows.
-WAITING = RETIRE_WAITING
-
-
 def retire(
     subscriptions: QuerySet,
     *,
@@ -174,7 +171,7 @@ def retire(
     Raises:
         SubscriptionInUse: a relay refreshed one of them within
             ``SERVED_SECONDS`` and ``force`` is not set; nothing is changed.
-        ValueError: ``waiting`` is not one of :data:`WAITING`.
+        ValueError: ``waiting`` is not one of :data:`RETIRE_WAITING`.
     """
     alias = subscriptions.db
 
@@ -260,7 +257,7 @@ def subscriber_choices() -> list[tuple[str, str]]:
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "WAITING",
+    "RETIRE_WAITING",
     "ReplayResult",
     "deliveries_matching",
     "pause",
@@ -270,3 +267,5 @@ __all__ = [
     "retire",
     "subscriber_choices",
 ]
+
+__getattr__ = renamed(__name__, {"WAITING": "RETIRE_WAITING"})

@@ -2,10 +2,10 @@
 
 It adds what a process needs and the relay functions do not: wake-ups within
 milliseconds of a commit (PostgreSQL LISTEN/NOTIFY; the in-process on-commit
-signal everywhere), adaptive polling (at once while there is work, backing off to
-``OUTBOX_POLL_INTERVAL`` when idle), a clean stop on SIGTERM/SIGINT, and survival
-of database outages (log, back off, reconnect). ``python manage.py relay`` is a
-thin caller.
+signal everywhere), adaptive polling (at once while there is work, backing off
+to ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle), a clean stop on SIGTERM/SIGINT,
+and survival of database outages (log, back off, reconnect). ``python manage.py
+relay`` is a thin caller.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class RelayWorker:
         once: drain what is due now, then return.
         on_iteration: called with each iteration's RelayReport (progress output).
         poll_interval: longest idle wait in seconds; default
-            ``OUTBOX_POLL_INTERVAL``.
+            ``OUTBOX_POLL_INTERVAL_SECONDS``.
         health: the health file to rewrite each loop turn
             (:mod:`outbox_app.health`): ready when the last turn reached the
             database and no publisher is paused; removed when the loop ends.
@@ -79,7 +79,7 @@ class RelayWorker:
         self.max_seconds = max_seconds
         self.once = once
         self.on_iteration = on_iteration
-        self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL
+        self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL_SECONDS
         self.health = health
         self.stopping = threading.Event()
         self._listen_failed = False

@@ -219,11 +219,11 @@ class DeliveryQuerySet(QuerySet):
             updated_at=now,
         )
 
-    def give_up(self, batch_size: int = 1000) -> int:
+    def abandon(self, batch_size: int = 1000) -> int:
         """What waits for a subscription retired with ``waiting="skip"``
         (the lifecycle's ``abandon``): PENDING, FAILED and DEAD -> SKIPPED,
         in batches; RUNNING rows are left to the relay that leased them.
-        Returns rows given up."""
+        Returns rows skipped."""
         return self.skip(batch_size, states=ABANDONABLE)
 
     def replay(self, now: datetime.datetime | None = None) -> int:
@@ -363,9 +363,11 @@ class SubscriptionQuerySet(QuerySet):
     process = "relay"
     #: The field naming the subscriber, here and on the rows that wait for it.
     name_field = "subscriber"
-    #: The model of the rows that wait for a subscriber; its queryset has
-    #: ``give_up(batch_size)``.
+    #: The model of the rows that wait for a subscriber, and the transition
+    #: (by ``"retire"``) a retire with ``waiting="skip"`` makes of them: a
+    #: method of its queryset, ``(batch_size) -> rows changed``.
     waiting_model = "Delivery"
+    waiting_transition = "abandon"
 
     def active(self) -> SubscriptionQuerySet:
         return self.filter(retired_at__isnull=True)
@@ -383,26 +385,28 @@ class SubscriptionQuerySet(QuerySet):
         outbox_subscribers --retire``, the admin's actions): in one
         transaction, lock the active rows, refuse them if a running process
         refreshed one within :data:`SERVED_SECONDS` (unless ``force``), and
-        retire them; then settle what waits for their subscribers: given up
-        with ``waiting="skip"`` (the ``give_up`` of the waiting rows'
-        queryset, by the retire transition of their lifecycle table), left
-        with ``"keep"`` for a process that still has the subscriber. Retired
-        rows among these are left alone.
+        retire them; then settle what waits for their subscribers: with
+        ``waiting="skip"`` the retire transition of their lifecycle table
+        (:attr:`waiting_transition`: a delivery's ``abandon``, SKIPPED; an
+        inbox message's ``dead_letter``, DEAD: the inbox has no SKIPPED),
+        with ``"keep"`` left for a process that still has the subscriber.
+        Retired rows among these are left alone.
 
         Args:
             waiting: one of :data:`RETIRE_WAITING`.
             by: who retires them, stored as ``retired_by`` (``"admin:
                 alice"``; cut to 255 characters).
             force: retire even rows a running process still refreshes.
-            batch_size: waiting rows given up per UPDATE.
+            batch_size: waiting rows changed per UPDATE.
             hand_over: called in the transaction, before the rows are
                 retired, with their ``(subscriber, event type)`` pairs;
-                returns how many waiting rows it gave up (stream delivery
+                returns how many waiting rows it settled (stream delivery
                 hands over what its cursors have not read:
                 :func:`~outbox_app.ops.streams.hand_over`).
 
         Returns:
-            ``(subscriptions retired, waiting rows given up)``.
+            ``(subscriptions retired, waiting rows settled)``: skipped
+            deliveries, or dead-lettered inbox messages.
 
         Raises:
             SubscriptionInUse: a running process refreshed one of them within
@@ -434,7 +438,7 @@ class SubscriptionQuerySet(QuerySet):
                     SERVED_SECONDS // 60,
                 )
             pairs = list(rows.values_list(self.name_field, "event_type"))
-            given_up = hand_over(pairs) if hand_over else 0
+            settled = hand_over(pairs) if hand_over else 0
             retired = rows.retire(by[:255])
         if waiting == "skip" and pairs:
             match = Q()
@@ -446,8 +450,8 @@ class SubscriptionQuerySet(QuerySet):
                 self.model._meta.app_label, self.waiting_model
             )
             waits = model._default_manager.using(self.db).filter(match)
-            given_up += waits.give_up(batch_size)
-        return retired, given_up
+            settled += getattr(waits, self.waiting_transition)(batch_size)
+        return retired, settled
 
     def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
@@ -663,6 +667,7 @@ class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):
     process = "consume process"
     name_field = "consumer"
     waiting_model = "InboxMessage"
+    waiting_transition = "dead_letter"
 
     def record(
         self,
@@ -716,12 +721,13 @@ def _due(now: datetime.datetime) -> Case:
 
 
 class InboxMessageQuerySet(QuerySet):
-    def give_up(self, batch_size: int = 1000) -> int:
-        """What waits for a consumer retired with ``waiting="skip"``: its
-        FAILED messages (kept for it included) -> DEAD, the error kept,
-        requeueable, in batches. Returns rows given up."""
+    def dead_letter(self, batch_size: int = 1000) -> int:
+        """What waits for a consumer retired with ``waiting="skip"`` (the
+        inbox lifecycle's ``dead_letter``): its FAILED messages (kept for it
+        included) -> DEAD, the error kept, requeueable, in batches. Returns
+        rows dead-lettered."""
         return in_batches(
-            self.filter(state__in=transition("abandon", INBOX).sources),
+            self.filter(state__in=transition("dead_letter", INBOX).sources),
             batch_size,
             state=InboxState.DEAD,
             next_retry_at=None,

@@ -83,7 +83,7 @@ class Command(OutboxCommand):
         )
         parser.add_argument(
             "--waiting",
-            choices=subscriptions.WAITING,
+            choices=subscriptions.RETIRE_WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
             "DEAD deliveries (they become SKIPPED), or dead-letters a consumer's "
             "FAILED inbox messages; 'keep' leaves them for a process that has it.",
