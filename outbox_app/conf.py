@@ -309,7 +309,7 @@ SETTINGS: dict[str, Setting] = {
             positive_int,
             "a positive integer (messages)",
             "Messages the broker sends `consume` ahead of its acks (chosen by "
-            "measurement: bench/RESULTS.md).",
+            "measurement: docs/consumers.md).",
         ),
         Setting(
             "INBOX_RETENTION_DAYS",

@@ -5,7 +5,7 @@ the failed ones from the database between batches.
 The messages the broker has sent (up to the prefetch) are handled as one batch
 in one transaction (``receive_batch``): one SELECT for the duplicates, one
 INSERT of the inbox rows and one COMMIT, the database's durable write, for
-the whole batch (bench/RESULTS.md, "The inbox"). A crash
+the whole batch (docs/consumers.md, "Throughput"). A crash
 before the COMMIT leaves every message of the batch unacknowledged: the broker
 delivers them again.
 
