@@ -15,7 +15,7 @@ confirms; ``bench.benchapp.publishers.ConfirmTimes``) records when its batch's
 confirms are collected (path ``broker``). Modes: ``notify`` (PostgreSQL
 LISTEN/NOTIFY wake-up from publish()'s on-commit hook) and ``poll`` (the wake-up
 receiver disconnected in the publisher: the relay finds events by its adaptive
-poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL``). Publishing starts
+poll, 50 ms doubling to ``OUTBOX_POLL_INTERVAL_SECONDS``). Publishing starts
 ``--settle`` seconds (2) after the relay process reports ready, so it is idle
 and listening.
 """

@@ -8,7 +8,9 @@ keep working.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -126,11 +128,15 @@ class DuplicateEventType(OutboxError, ImproperlyConfigured):
 
 
 class EventDecodeError(OutboxError):
-    """A stored payload cannot be turned back into its event.
+    """An event cannot be decoded: its payload cannot be turned back into its
+    event, or (:class:`UndecodableMessage`, a subclass) a consumed message is
+    not one at all.
 
     The type is unknown, a revision has no upcaster, or the payload no longer
-    fits the class (a renamed or missing field). The relay records it as the
-    delivery's failure; other deliveries are not affected.
+    fits the class (a renamed or missing field). The relay and ``consume``
+    record it as the attempt's failure, retried as any other (a deploy that
+    adds the upcaster or the field makes a later attempt succeed); other
+    deliveries are not affected.
     """
 
 
@@ -145,9 +151,11 @@ class LeaseLost(OutboxError):
     """
 
 
-class HandlerTimeout(OutboxError):
-    """A handler or a consumer ran longer than its ``timeout`` (seconds) and
-    was interrupted; the message says which."""
+class CallTimeout(OutboxError):
+    """A call of user code, a handler's or a consumer's, ran longer than its
+    ``timeout`` (seconds) and was interrupted: a failed attempt, recorded
+    with this error type; the message says which handler or consumer. (It
+    was ``HandlerTimeout`` before; that name still works for one release.)"""
 
 
 class DeliveryError(OutboxError):
@@ -225,7 +233,7 @@ class EventExpired(DeliveryError):
 # --- consuming (the inbox) --------------------------------------------------------
 
 
-class UndecodableMessage(OutboxError):
+class UndecodableMessage(EventDecodeError):
     """A consumed message is not a CloudEvents 1.0 JSON event (structured
     mode): not JSON, not an object, without ``specversion``, ``id``,
     ``source`` or ``type``, or of another ``specversion`` (``"0.3"``); or the
@@ -235,7 +243,8 @@ class UndecodableMessage(OutboxError):
     is never truncated). ``manage.py consume`` dead-letters it (one inbox row per
     consumer of its queue, with the body and this error, keyed by the body's
     SHA-256 when its own id and source are unusable), acknowledges it and
-    goes on: it never blocks the queue."""
+    goes on: it never blocks the queue. An :class:`EventDecodeError` that no
+    retry can help: the message's bytes never change."""
 
 
 class UnsupportedDatabase(OutboxError, ImproperlyConfigured):
@@ -333,3 +342,42 @@ class EndlessDelivery(OutboxError):
     handlers published new events, whose handlers published more, for 100
     rounds: a cycle (a handler that publishes the event it handles, or two
     that publish each other's). The message lists the last round's events."""
+
+
+# --- upgrading --------------------------------------------------------------------
+
+
+class OutboxDeprecationWarning(OutboxError, DeprecationWarning):
+    """A name renamed in this release was used: a setting (``OUTBOX_*``, also
+    reported by ``manage.py check`` as ``outbox.W010``), an exception or a
+    module's constant. The old name still works, reading the new one, until
+    the next release; docs/operations.md ("Upgrading") lists the renames."""
+
+
+def renamed(module: str, names: dict[str, str]):
+    """A module's ``__getattr__`` that keeps ``names`` (old name -> new
+    name, both of ``module``) working for one release: reading an old name
+    gives the new one's value and warns
+    (:class:`OutboxDeprecationWarning`).
+
+    Raises:
+        AttributeError: (from the returned function) any other missing name.
+    """
+
+    def __getattr__(name: str) -> Any:
+        import sys
+
+        new = names.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is renamed {new}; the old name goes in the next release",
+            OutboxDeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(sys.modules[module], new)
+
+    return __getattr__
+
+
+__getattr__ = renamed(__name__, {"HandlerTimeout": "CallTimeout"})

@@ -4,9 +4,10 @@ A subscriber is an in-process :class:`Handler` (registered with
 :func:`outbox_app.relay.registry.handler`) or a broker publisher
 (:class:`outbox_app.publishers.base.Publisher`, configured in
 ``OUTBOX_PUBLISHERS``). Both share the delivery options of
-:class:`Subscriber`. The relay hands each delivery's
-:class:`DeliveryContext` to a handler beside the event, and to a publisher as
-the message to send.
+:class:`Subscriber`; a handler and a ``consume`` process's consumer share
+those of :class:`Callee`, and all three those of :class:`Receiver`. The
+relay hands each delivery's :class:`DeliveryContext` to a handler beside the
+event, and to a publisher as the message to send.
 """
 
 from __future__ import annotations
@@ -92,29 +93,89 @@ class DeliveryContext:
 
 
 @dataclass(eq=False)
-class Subscriber:
-    """Anything that receives events: common delivery options.
+class Receiver:
+    """Anything that receives events: a relay's subscriber (a :class:`Handler`,
+    a :class:`~outbox_app.publishers.base.Publisher`) or a ``consume``
+    process's consumer (:class:`~outbox_app.inbox.Consumer`). Its attributes
+    say which events it receives, in which order, and how its failures are
+    retried: :meth:`RetryPolicy.of <outbox_app.execution.retry.RetryPolicy.of>`
+    makes its policy from them, the one path for all three kinds.
 
-    Attributes:
-        name: stable key stored on deliveries.
-        event_types: the types received; ``None`` means every type.
-        ordered: deliver each aggregate's events strictly in publish order.
-        max_attempts: attempts before DEAD; ``None`` uses OUTBOX_MAX_ATTEMPTS.
-        aliases: former names whose stored rows this subscriber still takes.
-        start: stream delivery: where its cursor starts when it is first
-            recorded, ``"now"`` or ``"earliest"`` (every event kept).
-        partitions: stream delivery: how many partitions its events are
-            split into; None: ``OUTBOX_PARTITIONS``.
+    They are the options of ``@handler`` and ``@consumer`` of the same names,
+    and of an ``OUTBOX_PUBLISHERS`` entry (``EVENT_TYPES``, ``ORDERED``,
+    ``MAX_ATTEMPTS``; a publisher's errors are its backend's: retried, but
+    :class:`~outbox_app.exceptions.UndeliverableMessage` is dead at once).
+    """
+
+    #: The stable key its rows are stored under (deliveries, inbox
+    #: messages): a handler's or a consumer's default is its function's
+    #: dotted path (``module.qualname``), a publisher's its
+    #: ``OUTBOX_PUBLISHERS`` key. Renamed, every event is new to it (a
+    #: subscriber's :attr:`~Subscriber.aliases` keep its old rows flowing).
+    name: str
+    #: The event types it receives; None: every type (``"*"``).
+    event_types: frozenset[str] | None
+    #: Receive each aggregate's events strictly in publish order: a later
+    #: one waits while an earlier one of its aggregate is unfinished
+    #: (failing, or DEAD until an operator requeues or skips it).
+    ordered: bool = False
+    #: Attempts before the dead letter (DEAD); None: ``OUTBOX_MAX_ATTEMPTS``.
+    max_attempts: int | None = None
+    #: Exception classes retried after a backoff (from
+    #: ``OUTBOX_RETRY_BASE_SECONDS`` doubling up to
+    #: ``OUTBOX_RETRY_MAX_SECONDS``, full jitter); any other is dead at once.
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    #: Exception classes dead at once, checked before ``retry_on``.
+    give_up_on: tuple[type[BaseException], ...] = ()
+
+    def receives(self, event_type: str) -> bool:
+        """Whether it receives events of ``event_type``."""
+        return self.event_types is None or event_type in self.event_types
+
+    @property
+    def attempts_allowed(self) -> int:
+        """``max_attempts``, or ``OUTBOX_MAX_ATTEMPTS`` when None."""
+        return self.max_attempts or outbox_settings.MAX_ATTEMPTS
+
+
+@dataclass(eq=False)
+class Callee(Receiver):
+    """User code that receives events, called by the relay or by ``consume``
+    through the one wrapper of user code
+    (:class:`~outbox_app.execution.run.Execution`): a :class:`Handler` or a
+    :class:`~outbox_app.inbox.Consumer`. Beside :class:`Receiver`'s
+    options, the function and its time limit.
+    """
+
+    #: ``fn(event, context)``: called with the rebuilt event (an ``Event``
+    #: instance, or the payload dict for a type no class defines) and the
+    #: context (a :class:`DeliveryContext` for a handler, a
+    #: :class:`~outbox_app.inbox.ConsumeContext` for a consumer). What it
+    #: returns is ignored; what it raises fails the attempt.
+    fn: Callable[[Any, Any], Any] = field(default=lambda e, c: None)
+    #: Seconds one call may run before
+    #: :class:`~outbox_app.exceptions.CallTimeout` interrupts it (a failed
+    #: attempt; SIGALRM, so in the process's main thread only; an alarm
+    #: inside a database call waits for the call to return); None: no limit.
+    timeout: float | None = None
+
+
+@dataclass(eq=False)
+class Subscriber(Receiver):
+    """What the relay delivers to: a :class:`Handler` or a
+    :class:`~outbox_app.publishers.base.Publisher`. Beside
+    :class:`Receiver`'s options, how its rows and its stream are kept.
     """
 
     kind: ClassVar[Kind]
 
-    name: str
-    event_types: frozenset[str] | None
-    ordered: bool = False
-    max_attempts: int | None = None
+    #: Former names whose stored rows this subscriber still takes.
     aliases: tuple[str, ...] = ()
+    #: Stream delivery: where its cursor starts when it is first recorded,
+    #: ``"now"`` or ``"earliest"`` (every event kept).
     start: str = "now"
+    #: Stream delivery: how many partitions its events are split into;
+    #: None: ``OUTBOX_PARTITIONS``.
     partitions: int | None = None
 
     @property
@@ -122,31 +183,13 @@ class Subscriber:
         """Names its delivery rows may carry: its own and its aliases."""
         return (self.name, *self.aliases)
 
-    def receives(self, event_type: str) -> bool:
-        return self.event_types is None or event_type in self.event_types
-
-    @property
-    def attempts_allowed(self) -> int:
-        return self.max_attempts or outbox_settings.MAX_ATTEMPTS
-
 
 @dataclass(eq=False)
-class Handler(Subscriber):
-    """An in-process handler: ``fn(event, context)``.
-
-    Attributes:
-        fn: the callable. It receives the rebuilt event (an ``Event`` instance, or
-            the payload dict for a type with no class) and a DeliveryContext.
-        retry_on: exceptions that fail the attempt and are retried.
-        give_up_on: exceptions that dead-letter the delivery at once.
-        timeout: seconds an attempt may run before HandlerTimeout interrupts it
-            (main thread only, via SIGALRM); ``None`` for no limit.
-    """
-
-    fn: Callable[[Any, DeliveryContext], Any] = field(default=lambda e, c: None)
-    retry_on: tuple[type[BaseException], ...] = (Exception,)
-    give_up_on: tuple[type[BaseException], ...] = ()
-    timeout: float | None = None
+class Handler(Callee, Subscriber):
+    """An in-process handler, registered with ``@handler``
+    (:func:`outbox_app.relay.registry.handler`): ``fn(event, context)`` with
+    a :class:`DeliveryContext`. Its options are :class:`Callee`'s and
+    :class:`Subscriber`'s."""
 
     kind: ClassVar[Kind] = "handler"
 

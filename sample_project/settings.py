@@ -24,7 +24,7 @@ Environment:
         same server (a test) needs its own.
     OUTBOX_LEASE_SECONDS: how long a relay holds the rows it claimed (default
         60): a crashed relay's rows are sent again after it.
-    OUTBOX_BATCH_SIZE, OUTBOX_POLL_INTERVAL, OUTBOX_MAX_ATTEMPTS: the relay's.
+    OUTBOX_BATCH_SIZE, OUTBOX_POLL_INTERVAL_SECONDS, OUTBOX_MAX_ATTEMPTS: the relay's.
     CELERY_BROKER_URL, CELERY_TASK_DEFAULT_QUEUE, OUTBOX_CELERY_WAKE: Celery
         (sample_project/celery.py).
     EMAIL_BACKEND: where confirmation e-mails go (default locmem: kept in
@@ -100,7 +100,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- outbox_app -------------------------------------------------------------------
 OUTBOX_NAMESPACE = "sample-shop"
 OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
-OUTBOX_POLL_INTERVAL = env.float("OUTBOX_POLL_INTERVAL", default=1.0)
+OUTBOX_POLL_INTERVAL_SECONDS = env.float("OUTBOX_POLL_INTERVAL_SECONDS", default=1.0)
 OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=10)
 OUTBOX_LEASE_SECONDS = env.float("OUTBOX_LEASE_SECONDS", default=60.0)
 SHOP_BROKER_URL = env("OUTBOX_BROKER_URL", default="memory://")

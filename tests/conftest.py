@@ -29,6 +29,9 @@ from tests.services import (
     port_open,
 )
 
+#: The test kit's fixtures and hook (tests/kit.py) are every test's.
+pytest_plugins = ("tests.kit",)
+
 CHROMIUM = "/usr/bin/chromium"
 
 

@@ -1,13 +1,31 @@
-"""Helpers the tests share: what an operator sees of deliveries, whichever
-engine delivered them."""
+"""Helpers the tests share, one copy each: what an operator sees of
+deliveries, whichever engine delivered them; processes (``manage.py``, a
+free port, a relay's deliveries awaited, a metrics scrape); fixtures
+(publishers closed after a test); and the fuzz tests' counts, printed in the
+run's summary.
+
+A pytest plugin too (``pytest_plugins`` in tests/conftest.py): its fixtures
+and its hook are everyone's.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, MutableMapping
+from pathlib import Path
+
+import pytest
 
 from outbox_app import OutboxEvent
 from outbox_app.ops.streams import event_deliveries
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def deliveries(
@@ -83,3 +101,123 @@ def succeeded_ids(using: str = "default") -> Counter:
     from outbox_app.ops.streams import delivered
 
     return Counter(i for ids in delivered(using).values() for i in ids)
+
+
+# --- processes ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the system's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def manage(
+    *args: str,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """``manage.py ARGS`` in a process of its own, in ``cwd`` (default: the
+    sample project), its output captured as text.
+
+    Args:
+        env: its environment; default this process's without the
+            ``OUTBOX_``, ``CELERY_``, ``DATABASE_`` and ``DJANGO_`` variables
+            (the project's own settings decide).
+        check: raise CalledProcessError when it exits non-zero.
+    """
+    if env is None:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("OUTBOX_", "CELERY_", "DATABASE_", "DJANGO_"))
+        }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=cwd,
+        env=env,
+        check=check,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    """The Prometheus samples a process serves on ``port`` (``--metrics-port``):
+    ``{(name, sorted labels): value}``; empty while it does not answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def delivered(relay, count: int) -> None:
+    """Wait until ``count`` deliveries are done (:func:`succeeded`), then
+    stop ``relay`` (a :class:`tests.processes.Watched` relay process;
+    SIGTERM): it must exit cleanly."""
+    from tests.processes import wait_for
+
+    try:
+        wait_for(
+            lambda: succeeded() == count or relay.process.poll() is not None,
+            60,
+            f"the relay to deliver {count} events",
+        )
+    finally:
+        code = relay.stop()
+    assert code == 0, relay.text()[-3000:]
+
+
+# --- fixtures and optional packages -------------------------------------------------
+
+
+@pytest.fixture
+def _close_publishers() -> Iterator[None]:
+    """Close the publishers the test built (their broker connections)."""
+    from outbox_app.relay.registry import close_publishers
+
+    yield
+    close_publishers()
+
+
+def needs(package: str, extra: str) -> pytest.MarkDecorator:
+    """Skip where the optional ``package`` is not installed (``pip install
+    'outbox_app[extra]'``)."""
+    return pytest.mark.skipif(
+        importlib.util.find_spec(package) is None,
+        reason=f"{package} is not installed (pip install 'outbox_app[{extra}]')",
+    )
+
+
+# --- the fuzz tests' counts ---------------------------------------------------------
+
+#: label -> what a fuzz test tried (counts it adds to as it runs).
+_TRIED: dict[str, MutableMapping[str, int]] = {}
+
+
+def tried(label: str, counts: MutableMapping[str, int]) -> MutableMapping[str, int]:
+    """Register ``counts`` (a fuzz test's, under ``label``) to be printed in
+    the run's summary; returns it."""
+    _TRIED[label] = counts
+    return counts
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many inputs each fuzz test that ran tried."""
+    ran = {label: counts for label, counts in _TRIED.items() if any(counts.values())}
+    if ran:
+        terminalreporter.write_sep("-", "fuzzed inputs")
+    for label, counts in ran.items():
+        terminalreporter.write_line(f"{label}: {dict(sorted(counts.items()))}")

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -193,13 +192,6 @@ def kill_other_connections() -> int:
                 cursor.execute(f"KILL {int(pid)}")
             return len(ids)
     return 0
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the system's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def loopback_only(port: int, timeout: float = 60) -> bool:

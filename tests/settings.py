@@ -122,7 +122,7 @@ OUTBOX_NAMESPACE = "tests"
 OUTBOX_RETRY_BASE_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_BASE", "1.0"))
 OUTBOX_RETRY_MAX_SECONDS = float(os.environ.get("OUTBOX_TEST_RETRY_MAX", "60.0"))
 OUTBOX_LEASE_SECONDS = float(os.environ.get("OUTBOX_TEST_LEASE", "60.0"))
-OUTBOX_POLL_INTERVAL = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
+OUTBOX_POLL_INTERVAL_SECONDS = float(os.environ.get("OUTBOX_TEST_POLL", "1.0"))
 # Relay processes a test starts record their publishers only when they run,
 # after the test published: their stream delivery starts at the earliest
 # event kept (unless the test says otherwise).

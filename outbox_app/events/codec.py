@@ -151,9 +151,10 @@ def encode(event: Event | Mapping[str, Any], max_bytes: int) -> EncodedEvent:
 def dumps(value: Any) -> bytes:
     """``value`` (plain JSON types, as payloads are stored) as compact UTF-8
     JSON: the bytes a message body carries. orjson (about 20x the standard
-    library for an envelope, bench/RESULTS.md); a value orjson refuses (an
-    integer beyond 64 bits, which Python's ``json`` stores) falls back to the
-    standard library, so every stored payload is sent unchanged."""
+    library for an envelope: docs/performance.md, "Relay to RabbitMQ"); a
+    value orjson refuses (an integer beyond 64 bits, which Python's ``json``
+    stores) falls back to the standard library, so every stored payload is
+    sent unchanged."""
     try:
         return orjson.dumps(value)
     except TypeError:

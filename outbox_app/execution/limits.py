@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..exceptions import HandlerTimeout
+from ..exceptions import CallTimeout
 
 
 class Deferral:
@@ -43,8 +43,8 @@ class Deferral:
     def before(self) -> None:
         """Runs before each database call, inside the count."""
 
-    def timed_out(self) -> HandlerTimeout:
-        return HandlerTimeout(
+    def timed_out(self) -> CallTimeout:
+        return CallTimeout(
             f"{self.what} ran longer than its timeout of {self.timeout}s"
         )
 
@@ -55,7 +55,7 @@ class _Timer:
 
 @contextmanager
 def time_limit(seconds: float | None, guard: Deferral) -> Iterator[_Timer]:
-    """Interrupt the block with HandlerTimeout after ``seconds`` (SIGALRM; only
+    """Interrupt the block with CallTimeout after ``seconds`` (SIGALRM; only
     in the main thread, the relay's and ``consume``'s; elsewhere no limit).
 
     An alarm that goes off inside a database call is deferred to the moment

@@ -1,16 +1,44 @@
-"""The Prometheus metrics a process running user code emits as it runs it
-(optional: prometheus-client): the relay's (outcomes, failures, handler and
-batch durations, delivery latency, pauses) and ``consume``'s (messages
-received, outcomes, failures, consumer durations, latency). The metrics read
-from the database are :mod:`outbox_app.ops.metrics`'s."""
+"""What a process running user code counts as it runs it: the counts of one
+pass (:class:`Counts`: the relay's ``RelayReport``, the inbox's ``Tally``),
+and the Prometheus metrics (optional: prometheus-client): the relay's
+(outcomes, failures, handler and batch durations, delivery latency, pauses)
+and ``consume``'s (messages received, outcomes, failures, consumer
+durations, latency). The metrics read from the database are
+:mod:`outbox_app.ops.metrics`'s."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 from collections.abc import Iterable
+from typing import Self
 
 from django.core.exceptions import ImproperlyConfigured
+
+
+@dataclasses.dataclass
+class Counts:
+    """Counts of one pass of a process (a relay's turn, a ``consume``
+    batch), one int field per outcome; a subclass declares the fields
+    (``RelayReport``: rows; ``Tally``: messages per consumer). They add up
+    (``+=``) and read as a dict, a log line's fields and a sentence."""
+
+    def __iadd__(self, other: Self) -> Self:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        """``{outcome: count}`` in the fields' order."""
+        return dataclasses.asdict(self)
+
+    def fields(self) -> str:
+        """``succeeded=1 failed=0 ...``: the counts as a log line's fields."""
+        return " ".join(f"{name}={n}" for name, n in self.as_dict().items())
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {n}" for name, n in self.as_dict().items())
 
 
 def _prometheus():

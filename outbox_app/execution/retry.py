@@ -2,8 +2,9 @@
 
 A decision is a value: ``retry_at`` for a FAILED row that will be tried again,
 ``None`` for the dead letter (DEAD).
-Everything that decides between the two lives here, once, for handlers and
-publishers alike:
+Everything that decides between the two lives here, once, for handlers,
+publishers and consumers alike (:meth:`RetryPolicy.of`, from the options of
+:class:`~outbox_app.subscribers.Receiver`):
 
 * ``give_up_on`` exceptions, and exceptions outside ``retry_on``, are dead at
   once (a publisher gives up on :class:`~outbox_app.exceptions.UndeliverableMessage`);
@@ -27,8 +28,8 @@ import random
 from dataclasses import dataclass
 
 from ..conf import outbox_settings
-from ..exceptions import LeaseLost, UndeliverableMessage
-from ..subscribers import Handler, Subscriber
+from ..exceptions import LeaseLost
+from ..subscribers import Receiver
 
 
 @dataclass(frozen=True)
@@ -49,28 +50,14 @@ class RetryPolicy:
     cap: float = 600.0
 
     @classmethod
-    def of(cls, subscriber: Subscriber) -> RetryPolicy:
-        """The policy of ``subscriber`` with the current ``OUTBOX_*`` settings."""
-        if isinstance(subscriber, Handler):
-            retry_on, give_up_on = subscriber.retry_on, subscriber.give_up_on
-        else:
-            retry_on, give_up_on = (Exception,), (UndeliverableMessage,)
-        return cls.with_options(subscriber.attempts_allowed, retry_on, give_up_on)
-
-    @classmethod
-    def with_options(
-        cls,
-        max_attempts: int | None,
-        retry_on: tuple[type[BaseException], ...],
-        give_up_on: tuple[type[BaseException], ...],
-    ) -> RetryPolicy:
-        """The policy of these options (a subscriber's, a consumer's of the
-        inbox) with the current ``OUTBOX_*`` settings; ``max_attempts`` None:
-        ``OUTBOX_MAX_ATTEMPTS``."""
+    def of(cls, receiver: Receiver) -> RetryPolicy:
+        """The policy of ``receiver`` (a handler, a publisher, a consumer:
+        its ``max_attempts``, ``retry_on`` and ``give_up_on``) with the
+        current ``OUTBOX_*`` settings."""
         return cls(
-            max_attempts=max_attempts or outbox_settings.MAX_ATTEMPTS,
-            retry_on=retry_on,
-            give_up_on=give_up_on,
+            max_attempts=receiver.attempts_allowed,
+            retry_on=receiver.retry_on,
+            give_up_on=receiver.give_up_on,
             base=outbox_settings.RETRY_BASE_SECONDS,
             cap=outbox_settings.RETRY_MAX_SECONDS,
         )

@@ -53,11 +53,11 @@ def event_for(context: Any) -> Any:
 def recorded_error(error: BaseException) -> tuple[str, str, str]:
     """``(message, dotted type, traceback)`` of ``error`` as failed rows keep
     them (deliveries, inbox messages): the traceback's last
-    ``OUTBOX_TRACEBACK_MAX_CHARS`` characters; each made storable
+    ``OUTBOX_MAX_TRACEBACK_CHARS`` characters; each made storable
     (:func:`~outbox_app.events.text.storable`: a lone surrogate or a NUL character in
     an exception's text becomes a backslash escape). An exception whose
     ``str()`` raises is recorded by its type."""
-    limit = outbox_settings.TRACEBACK_MAX_CHARS
+    limit = outbox_settings.MAX_TRACEBACK_CHARS
     text = "".join(traceback.format_exception(error))
     try:
         message = str(error) or repr(error)
@@ -148,7 +148,7 @@ class Execution(Deferral):
         Returns:
             ``(error, queried, callbacks)``. ``error`` is None when the call
             returned and its transaction can commit; else the exception it
-            raised, :class:`~outbox_app.exceptions.HandlerTimeout` when it ran
+            raised, :class:`~outbox_app.exceptions.CallTimeout` when it ran
             past its ``timeout`` (even if it caught that and returned),
             :class:`~outbox_app.exceptions.TransactionBroken` when it returned
             but left its transaction unable to commit, or the event's decoding
@@ -207,7 +207,7 @@ class Execution(Deferral):
                 callee.fn(event, context)
         finally:
             self.role.metrics.call(callee.name, time.monotonic() - began)
-        if fired:  # it caught HandlerTimeout and returned
+        if fired:  # it caught CallTimeout and returned
             raise self.timed_out()
 
     def _roll_back(self, registered: int) -> None:

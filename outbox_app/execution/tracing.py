@@ -24,7 +24,7 @@ process (the web's, ``relay``'s, ``consume``'s),
   requests' events, a trace of its own, leads back to each.
 
 Without the package, or with it and no tracer provider configured, every
-function returns at once (bench/bench_tracing.py measures publish()).
+function returns at once (measured: docs/operations.md, "Traces").
 """
 
 from __future__ import annotations

@@ -2,10 +2,18 @@
 
 * :mod:`~outbox_app.inbox.registry`: ``@consumer`` functions, found in each
   installed app's ``consumers.py``, and the ``ConsumeContext`` they receive;
+* :mod:`~outbox_app.inbox.context`: one received message as the inbox reads
+  it (its CloudEvent, the consumer's context, the inbox row's columns);
 * :mod:`~outbox_app.inbox.receive`: one message through the inbox, once per
-  consumer (the inbox row and the consumer's writes in one transaction), a
-  batch of them in one transaction, and the retries of failed messages from
-  the database;
+  consumer (the inbox row and the consumer's writes in one transaction), and
+  a batch of them in one transaction;
+* :mod:`~outbox_app.inbox.outcomes`: what the inbox writes and counts for
+  each outcome (handled, failed, dead, kept, duplicate), and the
+  ``on_commit`` callbacks after the commit;
+* :mod:`~outbox_app.inbox.retry`: the retries of failed messages from the
+  database;
+* :mod:`~outbox_app.inbox.recorded`: the consumers ``consume`` processes
+  recorded, whose messages a process without them keeps;
 * :mod:`~outbox_app.inbox.worker`: ``manage.py consume``'s loop on the broker
   (kombu, manual acks after the commit).
 
@@ -22,8 +30,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .receive import Tally, receive, receive_batch, retry_due
+    from .outcomes import Tally
+    from .receive import receive, receive_batch
     from .registry import ConsumeContext, Consumer, consumer, consumers
+    from .retry import retry_due
 
 __all__ = [
     "ConsumeContext",
@@ -41,10 +51,10 @@ _LAZY = {
     "Consumer": "registry",
     "consumer": "registry",
     "consumers": "registry",
-    "Tally": "receive",
+    "Tally": "outcomes",
     "receive": "receive",
     "receive_batch": "receive",
-    "retry_due": "receive",
+    "retry_due": "retry",
 }
 
 

@@ -25,13 +25,10 @@ first writes having been rolled back, and the failing one is not called twice
 for one attempt.
 
 A consumer that raises is rolled back and its message kept in the inbox row
-(FAILED, with the body, error and traceback), then retried from the database
-with the relay's backoff (:func:`retry_due`), and DEAD (the dead letter)
-after its attempts. Retrying from the database rather than by broker
-redelivery: a failing message is acknowledged and never blocks the queue nor
-spins in a redelivery loop, the attempts are counted whatever the broker
-(classic RabbitMQ queues and Redis count none), and the dead letter is in the
-same place as the relay's, requeueable from the admin.
+(FAILED, with the body, error and traceback: :mod:`~outbox_app.inbox.
+outcomes`), then retried from the database with the relay's backoff
+(:mod:`~outbox_app.inbox.retry`), and DEAD (the dead letter) after its
+attempts.
 
 A consumer runs as a handler does
 (:class:`~outbox_app.execution.run.Execution`, the :data:`CONSUMER` role):
@@ -47,147 +44,57 @@ consumer with such side effects runs at least once and must be idempotent),
 and every other callback still runs. Only ``robust`` ones are left to Django,
 which runs them at the commit and logs their errors.
 
-A message that is not a CloudEvents 1.0 event (another ``specversion``
-included), or whose attributes the inbox cannot
-store (``id``, ``source``, ``type``, ``subject``, ``aggregatetype``: not a
-string, holding NUL, longer than the column), is DEAD at once as
-:class:`~outbox_app.exceptions.UndecodableMessage`, keyed by the body's
-SHA-256 when its own key is unusable. A message that a recorded consumer of
-its queue receives and this process lacks is kept for it
-(:mod:`~outbox_app.inbox.recorded`). Every outside text stored passes through
-:func:`~outbox_app.events.text.storable`.
+A message the inbox cannot read (:mod:`~outbox_app.inbox.context`) is DEAD
+at once as :class:`~outbox_app.exceptions.UndecodableMessage`. A message
+that a recorded consumer of its queue receives and this process lacks is
+kept for it (:mod:`~outbox_app.inbox.recorded`).
 """
 
 from __future__ import annotations
 
-import datetime
-import functools
-import hashlib
-import logging
-import operator
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-import orjson
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db import IntegrityError, connections, router, transaction
 
-from ..events.text import storable, unstorable
-from ..exceptions import UndecodableMessage
+from ..events.cloudevents import parse
+from ..events.text import storable
+from ..exceptions import UndecodableMessage, renamed
 from ..execution.metrics import consume_metrics
-from ..execution.run import Callback, Execution, Role, recorded_error, run_callbacks
-from ..publishers.cloudevents import HEADER_EXTENSIONS, parse, parse_time
+from ..execution.run import Callback, Execution, Role
 from ..store.clock import database_now
 from ..store.db import insert_new
 from ..store.lifecycle import InboxState
 from ..store.models import InboxMessage
 from ..store.sql import dialect
-from ..subscribers import dotted_path
+from .context import as_bytes, columns_of, context_for, dead_key, expired, published_at
+from .outcomes import (
+    HELD_BACK,
+    KEY,
+    UNDECODABLE,
+    UNIQUE,
+    Ran,
+    Tally,
+    after_commit,
+    count_outcome,
+    differing_bodies,
+    first_row,
+    keep,
+    kept_row,
+    log_kept,
+    park_undecodable,
+    record_failure,
+    report_differing,
+)
 from .recorded import Recorded
 from .registry import ConsumeContext, Consumer
 
-logger = logging.getLogger("outbox_app.inbox")
+__all__ = ["CONSUMER", "Tally", "receive", "receive_batch", "run_consumer"]
 
-#: The inbox's unique key: (consumer, source, message_id).
-UNIQUE = "outbox_inbox_key"
-KEY = ("consumer", "source", "message_id")
-#: CloudEvents attribute -> the InboxMessage column that stores it.
-COLUMNS = {
-    "id": "message_id",
-    "source": "source",
-    "type": "event_type",
-    "subject": "aggregate_id",
-    "aggregatetype": "aggregate_type",
-}
-UNDECODABLE = dotted_path(UndecodableMessage)
+
 #: States that hold back an ordered consumer's later messages of an aggregate.
 UNFINISHED = (InboxState.FAILED, InboxState.DEAD)
-WAITING = "waiting behind an earlier message of its aggregate (ordered consumer)"
-
-
-def context_for(
-    envelope: dict[str, Any], consumer: Consumer, queue: str, attempt: int
-) -> ConsumeContext:
-    """The context of ``envelope`` (a parsed CloudEvent) for ``consumer``."""
-    try:
-        event_id = uuid.UUID(envelope["id"])
-    except ValueError:
-        event_id = None
-    revision = envelope.get("revision")
-    version = envelope.get("aggregateversion")
-    return ConsumeContext(
-        message_id=envelope["id"],
-        event_id=event_id,
-        source=envelope["source"],
-        event_type=envelope["type"],
-        revision=revision if isinstance(revision, int) else 1,
-        payload=envelope.get("data"),
-        aggregate_type=envelope.get("aggregatetype"),
-        aggregate_id=envelope.get("subject"),
-        aggregate_version=version if isinstance(version, int) else None,
-        tenant_id=envelope.get("tenantid"),
-        action_id=envelope.get("actionid"),
-        headers={
-            header: envelope[attribute]
-            for header, attribute in HEADER_EXTENSIONS.items()
-            if isinstance(envelope.get(attribute), str)
-        },
-        occurred_at=parse_time(envelope.get("time")),
-        deliver_at=parse_time(envelope.get("deliverat")),
-        expires_at=parse_time(envelope.get("expiretime")),
-        operation=envelope.get("operation"),
-        envelope=envelope,
-        attempt=attempt,
-        consumer=consumer.name,
-        queue=queue,
-    )
-
-
-@dataclass
-class Tally:
-    """Counts of messages (per consumer they were meant for).
-
-    Attributes:
-        handled: consumers run and committed (retries included).
-        duplicates: already in the inbox (handled, or kept to retry):
-            acknowledged without running the consumer (one with another body
-            than the first message of its id is logged and counted too).
-        failed: the consumer raised; kept to retry.
-        dead: the dead letter: out of attempts, or undecodable.
-        waiting: held behind an earlier message of their aggregate.
-        expired: arrived after their CloudEvents ``expiretime``
-            (``publish(expires_at=...)``): acknowledged without running the
-            consumer, no inbox row written.
-        ignored: messages no consumer of their queue receives (neither this
-            process's nor a recorded one).
-        deferred: kept as the inbox row of a recorded consumer this process
-            lacks (a rolling deploy: FAILED, due now, no attempt counted),
-            run by a ``consume`` process that has it.
-    """
-
-    handled: int = 0
-    duplicates: int = 0
-    failed: int = 0
-    dead: int = 0
-    waiting: int = 0
-    expired: int = 0
-    ignored: int = 0
-    deferred: int = 0
-
-    def __iadd__(self, other: Tally) -> Tally:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
-
-    def __str__(self) -> str:
-        return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
-
-    def fields(self) -> str:
-        """``handled=1 duplicates=0 ...``: the counts as a log line's fields
-        (the relay's iteration lines read alike)."""
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
 def _span(consumer: Consumer, context: ConsumeContext) -> tuple[str, dict]:
@@ -205,34 +112,6 @@ def _span(consumer: Consumer, context: ConsumeContext) -> tuple[str, dict]:
 
 #: Consumers run in the atomic block that holds their inbox row.
 CONSUMER = Role("consumer", savepoint=False, span=_span, metrics=consume_metrics)
-
-
-@dataclass
-class _Ran:
-    """A consumer run whose transaction committed (or will, with the one it
-    is in), and the ``on_commit`` callbacks taken out of Django's list that
-    it registered there (None: none, or only ``robust`` ones, left to
-    Django)."""
-
-    consumer: Consumer
-    row: InboxMessage
-    body: bytes | str
-    callbacks: list[Callback] | None = None
-    #: When its event was published (its ``deliverat``, if later), for the
-    #: latency metric; None when the message says not.
-    since: datetime.datetime | None = None
-
-
-def _since(context: ConsumeContext) -> datetime.datetime | None:
-    """When ``context``'s event was published, or scheduled for."""
-    return context.deliver_at or context.occurred_at
-
-
-def _count(names: Sequence[str], outcome: str) -> None:
-    """One message's ``outcome`` for each consumer of ``names``, in
-    :data:`consume_metrics`."""
-    for name in names:
-        consume_metrics.outcome(name, outcome)
 
 
 def receive(
@@ -271,9 +150,9 @@ def receive(
             acknowledge the message, so the broker delivers it again.
     """
     alias = using or router.db_for_write(InboxMessage)
-    ran: list[_Ran] = []
+    ran: list[Ran] = []
     tally = _receive(body, queue, consumers, message_id, alias, failures or {}, ran)
-    tally += _after_commit(ran, alias)
+    tally += after_commit(ran, alias)
     return tally
 
 
@@ -284,20 +163,20 @@ def _receive(
     message_id: str | None,
     alias: str,
     failures: dict[str, Exception],
-    ran: list[_Ran],
+    ran: list[Ran],
     recorded: Recorded | None = None,
 ) -> Tally:
     """:func:`receive` but the callbacks, which go to ``ran``."""
-    body = _bytes(body)
+    body = as_bytes(body)
     envelope = None
     try:
         envelope = parse(body)
-        columns = _columns(envelope)
+        columns = columns_of(envelope)
     except UndecodableMessage as exc:
-        source, key = _dead_key(envelope, body, message_id)
+        source, key = dead_key(envelope, body, message_id)
         tally = Tally()
         for consumer in consumers:
-            tally += _park_undecodable(consumer, source, key, body, queue, exc, alias)
+            tally += park_undecodable(consumer, source, key, body, queue, exc, alias)
         return tally
     event_type = columns["event_type"]
     mine = [c for c in consumers if c.receives(event_type)]
@@ -306,11 +185,11 @@ def _receive(
     if not mine and not absent:
         return Tally(ignored=1)
     names = [c.name for c in mine] + absent
-    if _expired(envelope, database_now(alias)):
-        _count(names, "expired")
+    if expired(envelope, database_now(alias)):
+        count_outcome(names, "expired")
         return Tally(expired=len(names))
     old = _sourceless({(name, columns["message_id"]) for name in names}, alias)
-    _count([name for name, _ in old], "duplicate")
+    count_outcome([name for name, _ in old], "duplicate")
     tally = Tally(duplicates=len(old))
     for consumer in mine:
         if (consumer.name, columns["message_id"]) not in old:
@@ -320,8 +199,8 @@ def _receive(
             )
     for name in absent:
         if (name, columns["message_id"]) not in old:
-            tally += _keep(
-                _kept_row(name, columns, queue, body, database_now(alias)), alias
+            tally += keep(
+                kept_row(name, columns, queue, body, database_now(alias)), alias
             )
     return tally
 
@@ -362,15 +241,12 @@ def receive_batch(
     """
     alias = using or router.db_for_write(InboxMessage)
     recorded = Recorded({queue for _, queue, _ in batch}, alias)
-    ran: list[_Ran] = []
-    counted: list[tuple[str, str]] = []
-    differing: list[tuple[InboxMessage, str]] = []
+    ran: list[Ran] = []
     try:
         with transaction.atomic(using=alias):
-            tally = _together(batch, by_queue, alias, recorded, ran, counted, differing)
-        for name, outcome in counted:
-            consume_metrics.outcome(name, outcome)
-        _report_differing(differing)
+            found = _together(batch, by_queue, alias, recorded, ran)
+        found.report()
+        tally = found.tally
     except _RunAlone as alone:
         failures = alone.failures
         ran = []
@@ -387,102 +263,150 @@ def receive_batch(
                     ran,
                     recorded,
                 )
-    tally += _after_commit(ran, alias)
+    tally += after_commit(ran, alias)
     return tally
 
 
+class _Run(NamedTuple):
+    """One message of a batch for one consumer (None: kept for a recorded
+    consumer this process lacks), with its inbox row."""
+
+    index: int
+    consumer: Consumer | None
+    envelope: dict
+    body: bytes
+    queue: str
+    row: InboxMessage
+
+
+@dataclass
+class _Found:
+    """What running a batch as one found: its tally, and what is counted and
+    logged only once it committed (but ``handled``, counted after the
+    commit): ``(consumer, outcome)`` pairs and the duplicates whose body
+    differs (:func:`differing_bodies`)."""
+
+    tally: Tally = field(default_factory=Tally)
+    counted: list[tuple[str, str]] = field(default_factory=list)
+    differing: list[tuple[InboxMessage, str]] = field(default_factory=list)
+
+    def add(self, outcome: str, names: Sequence[str]) -> None:
+        """One message's ``outcome`` (a :class:`Tally` field) for each of
+        ``names``."""
+        setattr(self.tally, outcome, getattr(self.tally, outcome) + len(names))
+        metric = _METRIC.get(outcome, outcome)
+        self.counted += [(name, metric) for name in names]
+
+    def report(self) -> None:
+        """Count and log what the committed batch found."""
+        for name, outcome in self.counted:
+            consume_metrics.outcome(name, outcome)
+        report_differing(self.differing)
+
+
+#: A :class:`Tally` field -> its outcome in :data:`consume_metrics`, where
+#: other than the field's name.
+_METRIC = {"duplicates": "duplicate"}
+
+
 def _together(
-    batch, by_queue, alias: str, recorded: Recorded, ran, counted: list, differing
-) -> Tally:
-    """The batch as one: the inbox rows in one INSERT, then the consumers.
-    The outcomes it tallies (but ``handled``, counted after the commit) go
-    to ``counted`` as ``(consumer, outcome)``, and its duplicates whose body
-    differs to ``differing`` (:func:`_differing`), for the caller to count
-    and log once the batch committed. Raises :class:`_RunAlone` when it
-    cannot be."""
-    tally = Tally()
-    now = database_now(alias)
-    # (message index, consumer or None: kept for an absent one, envelope,
-    # body, queue, row)
-    runs: list[tuple[int, Consumer | None, dict, bytes, str, InboxMessage]] = []
+    batch, by_queue, alias: str, recorded: Recorded, ran: list[Ran]
+) -> _Found:
+    """The batch as one: the inbox rows in one INSERT, then the consumers,
+    whose runs go to ``ran``. Raises :class:`_RunAlone` when it cannot be."""
+    found = _Found()
+    runs = _runs(batch, by_queue, recorded, database_now(alias), found)
+    fresh = _insert(runs, alias, found)
+    kept = [run.row for run in fresh if run.consumer is None]
+    ordered = [run.row for run in fresh if run.consumer and run.consumer.ordered]
+    if ordered and held_back(ordered, alias):
+        raise _RunAlone()  # the waiting ones are recorded message by message
+    for run in fresh:
+        if run.consumer is None:
+            continue
+        context = context_for(run.envelope, run.consumer, run.queue, attempt=1)
+        try:
+            callbacks = run_consumer(run.consumer, context, alias)
+        except Exception as exc:
+            raise _RunAlone({run.index: {run.consumer.name: exc}}) from None
+        since = published_at(context)
+        ran.append(Ran(run.consumer, run.row, run.body, callbacks, since))
+        found.tally.handled += 1
+    found.add("deferred", [row.consumer for row in kept])
+    log_kept(kept)
+    return found
+
+
+def _runs(batch, by_queue, recorded: Recorded, now, found: _Found) -> list[_Run]:
+    """The batch's messages for each consumer that receives them (or is
+    recorded as receiving them), with their rows; a message no consumer
+    receives, one that expired and a message's second copy in the batch
+    counted in ``found``. Raises :class:`_RunAlone` for an undecodable
+    message (dead-lettered message by message)."""
+    runs: list[_Run] = []
     # key -> the body digest of its first message in the batch
     seen: dict[tuple[str, str, str], str] = {}
     for index, (body, queue, _) in enumerate(batch):
-        body = _bytes(body)
+        body = as_bytes(body)
         try:
             envelope = parse(body)
-            columns = _columns(envelope)
+            columns = columns_of(envelope)
         except UndecodableMessage:
-            raise _RunAlone() from None  # dead-lettered message by message
+            raise _RunAlone() from None
         mine = [c for c in by_queue.get(queue, ()) if c.receives(columns["event_type"])]
         absent = recorded.absent(queue, columns["event_type"], mine)
         if not mine and not absent:
-            tally.ignored += 1
+            found.tally.ignored += 1
             continue
-        if _expired(envelope, now):
-            tally.expired += len(mine) + len(absent)
-            counted += [(name, "expired") for name in [c.name for c in mine] + absent]
+        if expired(envelope, now):
+            found.add("expired", [c.name for c in mine] + absent)
             continue
         for consumer, name in [(c, c.name) for c in mine] + [(None, n) for n in absent]:
             key = (name, columns["source"], columns["message_id"])
             if key in seen:
-                tally.duplicates += 1
-                counted.append((name, "duplicate"))
+                found.add("duplicates", [name])
                 if seen[key] != columns["body_digest"]:
-                    differing.append((_row(name, columns, queue, now), seen[key]))
+                    row = first_row(name, columns, queue, now)
+                    found.differing.append((row, seen[key]))
                 continue
             seen[key] = columns["body_digest"]
             if consumer is None:
-                row = _kept_row(name, columns, queue, body, now)
+                row = kept_row(name, columns, queue, body, now)
             else:
-                row = _row(name, columns, queue, now)
-            runs.append((index, consumer, envelope, body, queue, row))
-    old = _sourceless({(run[-1].consumer, run[-1].message_id) for run in runs}, alias)
+                row = first_row(name, columns, queue, now)
+            runs.append(_Run(index, consumer, envelope, body, queue, row))
+    return runs
+
+
+def _insert(runs: list[_Run], alias: str, found: _Found) -> list[_Run]:
+    """INSERT the rows of ``runs`` in one statement that skips the
+    duplicates (and those a row recorded without a source stops); returns
+    the runs whose row it wrote, each with its id, the others counted in
+    ``found``. Raises :class:`_RunAlone` where the database has no
+    ``INSERT ... RETURNING`` (a savepoint each, then)."""
+    old = _sourceless({(run.row.consumer, run.row.message_id) for run in runs}, alias)
     if old:
-        remaining = []
-        for run in runs:
-            if (run[-1].consumer, run[-1].message_id) in old:
-                tally.duplicates += 1
-                counted.append((run[-1].consumer, "duplicate"))
-            else:
-                remaining.append(run)
-        runs = remaining
+
+        def stopped(run: _Run) -> bool:
+            return (run.row.consumer, run.row.message_id) in old
+
+        found.add("duplicates", [run.row.consumer for run in runs if stopped(run)])
+        runs = [run for run in runs if not stopped(run)]
     if not runs:
-        return tally
-    inserted = insert_new([run[-1] for run in runs], ["id", *KEY], alias)
+        return []
+    inserted = insert_new([run.row for run in runs], ["id", *KEY], alias)
     if inserted is None:
-        raise _RunAlone()  # no INSERT ... RETURNING here: a savepoint each
+        raise _RunAlone()
     ids = {tuple(key): pk for pk, *key in inserted}
-    fresh = []
     for run in runs:
-        row = run[-1]
-        row.id = ids.get((row.consumer, row.source, row.message_id))
-        if row.id is not None:
-            fresh.append(run)
-    tally.duplicates += len(runs) - len(fresh)
-    counted += [(run[-1].consumer, "duplicate") for run in runs if run[-1].id is None]
-    differing += _differing([run[-1] for run in runs if run[-1].id is None], alias)
-    kept = [row for _, consumer, *_, row in fresh if consumer is None]
-    ordered = [row for _, consumer, *_, row in fresh if consumer and consumer.ordered]
-    if ordered and _held_back(ordered, alias):
-        raise _RunAlone()  # the waiting ones are recorded message by message
-    for index, consumer, envelope, body, queue, row in fresh:
-        if consumer is None:
-            continue
-        context = context_for(envelope, consumer, queue, attempt=1)
-        try:
-            callbacks = _run(consumer, context, alias)
-        except Exception as exc:
-            raise _RunAlone({index: {consumer.name: exc}}) from None
-        ran.append(_Ran(consumer, row, body, callbacks, _since(context)))
-        tally.handled += 1
-    tally.deferred += len(kept)
-    counted += [(row.consumer, "deferred") for row in kept]
-    _log_kept(kept)
-    return tally
+        run.row.id = ids.get((run.row.consumer, run.row.source, run.row.message_id))
+    taken = [run.row for run in runs if run.row.id is None]
+    found.add("duplicates", [row.consumer for row in taken])
+    found.differing += differing_bodies(taken, alias)
+    return [run for run in runs if run.row.id is not None]
 
 
-def _run(
+def run_consumer(
     consumer: Consumer, context: ConsumeContext, alias: str
 ) -> list[Callback] | None:
     """Call ``consumer`` with ``context``'s event, within its ``timeout`` and
@@ -492,10 +416,10 @@ def _run(
     Returns:
         The ``on_commit`` callbacks it registered, taken out of the
         connection's list when one is not ``robust``: the inbox runs them
-        after the commit (:func:`_after_commit`). None: Django runs them.
+        after the commit (:func:`after_commit`). None: Django runs them.
 
     Raises:
-        HandlerTimeout: it ran longer than its ``timeout`` (even if it caught
+        CallTimeout: it ran longer than its ``timeout`` (even if it caught
             the exception and returned).
         TransactionBroken: it returned, but its writes cannot commit.
         Exception: what it raised, or its event's decoding error (the
@@ -507,204 +431,6 @@ def _run(
     if error is not None:
         raise error
     return callbacks
-
-
-def _after_commit(ran: list[_Ran], alias: str) -> Tally:
-    """Run the callbacks of ``ran``, whose transaction committed, in the
-    order they were registered, each guarded
-    (:func:`~outbox_app.execution.run.run_callbacks`): a raising one fails its
-    message (recorded as a failed attempt; the consumer's writes stay), a
-    raising ``robust`` one is logged (Django's rule), and the others run all
-    the same. Inside a caller's transaction they are handed back to Django,
-    which runs them at its commit. Counts each message that stays handled,
-    and its latency."""
-    tally = Tally()
-    # The latency's end: the commit, by the database's clock (one query per
-    # batch, and only for a process that serves its metrics).
-    now = database_now(alias) if ran and consume_metrics.enabled else None
-    if connections[alias].in_atomic_block:
-        for run in ran:
-            for callback, robust in run.callbacks or ():
-                transaction.on_commit(callback, using=alias, robust=robust)
-            consume_metrics.handled(run.consumer.name, run.since, now)
-        return tally
-    for run in ran:
-        error = None
-        if run.callbacks:
-            error = run_callbacks(
-                run.callbacks,
-                owner=run.consumer.name,
-                row=f"message {run.row.message_id}",
-                logger=logger,
-                extra={"consumer": run.consumer.name, "message_id": run.row.message_id},
-            )
-        if error is None:
-            consume_metrics.handled(run.consumer.name, run.since, now)
-            continue
-        try:
-            failed = _failed(
-                run.consumer,
-                run.row,
-                run.body,
-                error,
-                alias,
-                attempt=run.row.attempts,
-                insert=False,
-                note="its on_commit callback raised; the consumer's writes committed",
-            )
-        except DatabaseError:
-            logger.exception(
-                "%s: message %s: could not record that its on_commit callback "
-                "raised (%s); it stays HANDLED",
-                run.consumer.name,
-                run.row.message_id,
-                error,
-            )
-            consume_metrics.handled(run.consumer.name, run.since, now)
-            continue
-        tally.handled -= 1
-        tally += failed
-    return tally
-
-
-def retry_due(
-    consumers: Sequence[Consumer],
-    *,
-    limit: int = 100,
-    now: datetime.datetime | None = None,
-    using: str | None = None,
-) -> Tally:
-    """Run the FAILED messages of ``consumers`` that are due again, oldest due
-    first, each in its own transaction holding its row's lock (another
-    ``consume`` process skips it), then its ``on_commit`` callbacks; at most
-    ``limit``. A consumer takes only the messages of types it receives (a
-    message kept for another version of it waits for that version). An
-    ordered consumer's message waits while an earlier one of its aggregate is
-    FAILED or DEAD.
-
-    Returns:
-        What happened (``handled``, ``failed``, ``dead``).
-    """
-    alias = using or router.db_for_write(InboxMessage)
-    by_name = {c.name: c for c in consumers}
-    tally = Tally()
-    if not by_name:
-        return tally
-    theirs = functools.reduce(
-        operator.or_,
-        (
-            Q(consumer=c.name)
-            if c.event_types is None
-            # "": an undecodable message, requeued: it is dead-lettered again.
-            else Q(consumer=c.name, event_type__in=sorted({*c.event_types, ""}))
-            for c in by_name.values()
-        ),
-    )
-    earlier = InboxMessage.objects.filter(
-        consumer=OuterRef("consumer"),
-        aggregate_type=OuterRef("aggregate_type"),
-        aggregate_id=OuterRef("aggregate_id"),
-        state__in=UNFINISHED,
-        id__lt=OuterRef("id"),
-    )
-    ordered = [name for name, c in by_name.items() if c.ordered]
-    runnable = theirs & (
-        ~Q(consumer__in=ordered) | Q(aggregate_id="") | ~Exists(earlier)
-    )
-    for _ in range(limit):
-        moment = now or database_now(alias)
-        due = (
-            InboxMessage.objects.using(alias)
-            .filter(runnable, state=InboxState.FAILED, next_retry_at__lte=moment)
-            .order_by("next_retry_at", "id")
-        )
-        # The row stays locked until its outcome is written: no other consume
-        # process runs it meanwhile. The consumer runs in a savepoint, so a
-        # failure undoes its writes only.
-        with transaction.atomic(using=alias):
-            row = due.select_for_update(skip_locked=True).first()
-            if row is None:
-                return tally
-            consumer, body = by_name[row.consumer], row.body
-            try:
-                with transaction.atomic(using=alias):
-                    envelope = parse(body)
-                    context = context_for(
-                        envelope, consumer, row.queue, row.attempts + 1
-                    )
-                    callbacks = _run(consumer, context, alias)
-            except Exception as exc:
-                tally += _failed(
-                    consumer,
-                    row,
-                    body,
-                    exc,
-                    alias,
-                    attempt=row.attempts + 1,
-                    insert=False,
-                )
-                continue
-            row.state, row.attempts = InboxState.HANDLED, row.attempts + 1
-            row.handled_at = row.updated_at = database_now(alias)
-            row.next_retry_at, row.body = None, ""
-            row.save(using=alias)
-        tally.handled += 1
-        ran = _Ran(consumer, row, body, callbacks, _since(context))
-        tally += _after_commit([ran], alias)
-    return tally
-
-
-def _bytes(body: bytes | str) -> bytes:
-    """A body kombu handed over decoded, as bytes (a lone surrogate kept as
-    bytes no UTF-8 decoder takes: the body is undecodable)."""
-    return body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
-
-
-def _columns(envelope: dict) -> dict[str, str]:
-    """The inbox columns of ``envelope``'s attributes (:data:`COLUMNS`; an
-    absent optional one: empty), and its ``body_digest``: the SHA-256 of
-    the envelope as JSON with sorted keys, so the same CloudEvent spaced or
-    ordered otherwise by its producer has the same one.
-
-    Raises:
-        UndecodableMessage: an attribute the inbox cannot store, named.
-    """
-    columns = {}
-    for attribute, column in COLUMNS.items():
-        value = envelope.get(attribute)
-        value = "" if value is None else value
-        problem = _unstorable(value, column)
-        if problem:
-            raise UndecodableMessage(
-                f"the inbox cannot store this CloudEvent: {attribute} {problem}"
-            )
-        columns[column] = value
-    canonical = orjson.dumps(envelope, option=orjson.OPT_SORT_KEYS)
-    columns["body_digest"] = hashlib.sha256(canonical).hexdigest()
-    return columns
-
-
-def _unstorable(value: Any, column: str) -> str | None:
-    """Why ``value`` cannot be stored in the InboxMessage ``column`` as it
-    is (never silently changed: it is a key or what an operator looks for),
-    or None."""
-    return unstorable(value, InboxMessage._meta.get_field(column).max_length)
-
-
-def _dead_key(
-    envelope: dict | None, body: bytes, message_id: str | None
-) -> tuple[str, str]:
-    """``(source, message id)`` of an undecodable message's rows: the
-    CloudEvent's own when it has a usable pair, else the broker's message id
-    with no source, else the body's SHA-256."""
-    if envelope is not None and not (
-        _unstorable(envelope.get("source"), "source")
-        or _unstorable(envelope.get("id"), "message_id")
-    ):
-        return envelope["source"], envelope["id"]
-    if message_id is not None and not _unstorable(message_id, "message_id"):
-        return "", message_id
-    return "", hashlib.sha256(body).hexdigest()
 
 
 def _sourceless(pairs: set[tuple[str, str]], alias: str) -> set[tuple[str, str]]:
@@ -727,121 +453,6 @@ def _sourceless(pairs: set[tuple[str, str]], alias: str) -> set[tuple[str, str]]
     return set(found) & pairs
 
 
-def _row(name: str, columns: dict[str, str], queue: str, now, **values) -> InboxMessage:
-    """The HANDLED inbox row of a first run (the rollback takes it away if
-    the consumer fails), or with ``values`` instead."""
-    fields_ = {
-        "state": InboxState.HANDLED,
-        "attempts": 1,
-        "handled_at": now,
-        **values,
-    }
-    return InboxMessage(
-        consumer=name,
-        queue=storable(queue)[:255],
-        received_at=now,
-        updated_at=now,
-        **columns,
-        **fields_,
-    )
-
-
-def _kept_row(name: str, columns, queue: str, body: bytes, now) -> InboxMessage:
-    """The row of a message kept for ``name``, a recorded consumer this
-    process lacks: FAILED, due now, no attempt counted, the body kept."""
-    return _row(
-        name,
-        columns,
-        queue,
-        now,
-        state=InboxState.FAILED,
-        attempts=0,
-        handled_at=None,
-        next_retry_at=now,
-        body=storable(body),
-        last_error=(
-            f"kept for the consumer {name}: this consume process does not have "
-            "it (another version of the code does); a process that has it runs it"
-        ),
-    )
-
-
-def _keep(row: InboxMessage, alias: str) -> Tally:
-    """Insert ``row`` (:func:`_kept_row`); a duplicate if it is there."""
-    try:
-        with transaction.atomic(using=alias):
-            row.save(using=alias, force_insert=True)
-    except IntegrityError as exc:
-        if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
-            consume_metrics.outcome(row.consumer, "duplicate")
-            _report_differing(_differing([row], alias))
-            return Tally(duplicates=1)
-        raise
-    _log_kept([row])
-    consume_metrics.outcome(row.consumer, "deferred")
-    return Tally(deferred=1)
-
-
-def _log_kept(rows: list[InboxMessage]) -> None:
-    names = sorted({row.consumer for row in rows})
-    if names:
-        logger.warning(
-            "%d message(s) kept for %s, which this consume process lacks "
-            "(recorded by another one): a process that has it runs them",
-            len(rows),
-            ", ".join(names),
-        )
-
-
-def _differing(
-    duplicates: Sequence[InboxMessage], alias: str
-) -> list[tuple[InboxMessage, str]]:
-    """Which of ``duplicates`` (rows not inserted: their key is taken) came
-    with another body than the message their key holds, each with that
-    first message's digest. One query, only when there are duplicates; a
-    row recorded before the inbox kept digests (an empty one) differs from
-    nothing."""
-    if not duplicates:
-        return []
-    first = dict(
-        ((consumer, source, message_id), digest)
-        for consumer, source, message_id, digest in InboxMessage.objects.using(alias)
-        .filter(  # the unique key's columns: its index finds them
-            consumer__in={row.consumer for row in duplicates},
-            source__in={row.source for row in duplicates},
-            message_id__in={row.message_id for row in duplicates},
-        )
-        .exclude(body_digest="")
-        .values_list(*KEY, "body_digest")
-    )
-    found = []
-    for row in duplicates:
-        digest = first.get((row.consumer, row.source, row.message_id))
-        if digest is not None and digest != row.body_digest:
-            found.append((row, digest))
-    return found
-
-
-def _report_differing(found: list[tuple[InboxMessage, str]]) -> None:
-    """Log (WARNING) and count each duplicate of :func:`_differing`: its
-    producer reused an id, or the message was altered on its way. The inbox
-    keeps the first one (handled, or kept to retry); this one is
-    acknowledged without running."""
-    for row, first in found:
-        consume_metrics.differing(row.consumer)
-        logger.warning(
-            "%s: message %s from %s arrived again with another body (SHA-256 "
-            "%s, the first one's %s): acknowledged as a duplicate without "
-            "running; the inbox keeps the first one",
-            row.consumer,
-            row.message_id,
-            row.source,
-            row.body_digest,
-            first,
-            extra={"consumer": row.consumer, "message_id": row.message_id},
-        )
-
-
 def _first(
     consumer: Consumer,
     envelope: dict,
@@ -850,59 +461,43 @@ def _first(
     queue: str,
     alias: str,
     failure: Exception | None,
-    ran: list[_Ran],
+    ran: list[Ran],
 ) -> Tally:
     """The first run of a message for ``consumer``: the inbox row first, then
     the consumer, in one transaction. ``failure``: what the consumer raised
     for it already (see :func:`receive`)."""
     now = database_now(alias)
-    row = _row(consumer.name, columns, queue, now)
+    row = first_row(consumer.name, columns, queue, now)
     context = context_for(envelope, consumer, queue, attempt=1)
     try:
         with transaction.atomic(using=alias):
             row.save(using=alias, force_insert=True)  # first: a duplicate stops here
-            if consumer.ordered and _held_back([row], alias):
+            if consumer.ordered and held_back([row], alias):
                 row.state, row.attempts, row.handled_at = InboxState.FAILED, 0, None
                 row.next_retry_at, row.body, row.last_error = (
                     now,
                     storable(body),
-                    WAITING,
+                    HELD_BACK,
                 )
                 row.save(using=alias)
                 consume_metrics.outcome(consumer.name, "waiting")
                 return Tally(waiting=1)
             if failure is not None:
                 raise failure
-            callbacks = _run(consumer, context, alias)
+            callbacks = run_consumer(consumer, context, alias)
     except IntegrityError as exc:
         if dialect(alias).violated_constraint(exc, InboxMessage) == UNIQUE:
             consume_metrics.outcome(consumer.name, "duplicate")
-            _report_differing(_differing([row], alias))
+            report_differing(differing_bodies([row], alias))
             return Tally(duplicates=1)
-        return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
+        return record_failure(consumer, row, body, exc, alias, attempt=1, insert=True)
     except Exception as exc:
-        return _failed(consumer, row, body, exc, alias, attempt=1, insert=True)
-    ran.append(_Ran(consumer, row, body, callbacks, _since(context)))
+        return record_failure(consumer, row, body, exc, alias, attempt=1, insert=True)
+    ran.append(Ran(consumer, row, body, callbacks, published_at(context)))
     return Tally(handled=1)
 
 
-def _expired(envelope: dict, now: datetime.datetime) -> bool:
-    """The message arrived after its ``expiretime``: its producer asked that
-    it not be delivered any more (CloudEvents' expiry extension). Logged at
-    DEBUG; the consume summary counts them."""
-    expires = parse_time(envelope.get("expiretime"))
-    if expires is None or expires > now:
-        return False
-    logger.debug(
-        "message %s (%s) expired at %s: not run",
-        envelope["id"],
-        envelope["type"],
-        expires.isoformat(),
-    )
-    return True
-
-
-def _held_back(rows: list[InboxMessage], alias: str) -> bool:
+def held_back(rows: list[InboxMessage], alias: str) -> bool:
     """An earlier message of one of ``rows``' aggregates is still FAILED or
     DEAD for its consumer (``rows`` are HANDLED or not saved: never one of
     those), one query."""
@@ -919,98 +514,4 @@ def _held_back(rows: list[InboxMessage], alias: str) -> bool:
     return not keys.isdisjoint(found)
 
 
-def _failed(
-    consumer: Consumer,
-    row: InboxMessage,
-    body: bytes | str,
-    error: BaseException,
-    alias: str,
-    *,
-    attempt: int,
-    insert: bool,
-    note: str = "",
-) -> Tally:
-    """Record failed attempt ``attempt`` of ``row``: FAILED, due again after
-    the backoff, or DEAD when out of attempts. ``insert``: the row is gone
-    with the rollback of a first run (else it is updated by id)."""
-    now = database_now(alias)
-    retry_at = consumer.policy().retry_at(error, attempt, now)
-    message, error_type, text = recorded_error(error)
-    values = {
-        "state": InboxState.FAILED if retry_at else InboxState.DEAD,
-        "attempts": attempt,
-        "next_retry_at": retry_at,
-        "handled_at": None,
-        "body": storable(body),
-        "last_error": message,
-        "last_error_type": error_type,
-        "last_traceback": text,
-        "updated_at": now,
-    }
-    for name, value in values.items():
-        setattr(row, name, value)
-    try:
-        with transaction.atomic(using=alias):
-            if insert:
-                row.id = None
-                row.save(using=alias, force_insert=True)
-            else:
-                InboxMessage.objects.using(alias).filter(id=row.id).update(**values)
-    except IntegrityError:
-        # Another consume process handled or recorded it meanwhile.
-        consume_metrics.outcome(consumer.name, "duplicate")
-        _report_differing(_differing([row], alias))
-        return Tally(duplicates=1)
-    consume_metrics.failure(consumer.name, error_type)
-    consume_metrics.outcome(consumer.name, "failed" if retry_at else "dead")
-    level = logging.WARNING if retry_at else logging.ERROR
-    logger.log(
-        level,
-        "%s: message %s (%s) %s after attempt %d%s: %s",
-        consumer.name,
-        row.message_id,
-        row.event_type,
-        f"failed, retry at {retry_at.isoformat()}" if retry_at else "DEAD",
-        attempt,
-        f" ({note})" if note else "",
-        error,
-        extra={"consumer": consumer.name, "message_id": row.message_id},
-    )
-    return Tally(failed=1) if retry_at else Tally(dead=1)
-
-
-def _park_undecodable(
-    consumer: Consumer,
-    source: str,
-    key: str,
-    body: bytes,
-    queue: str,
-    error: UndecodableMessage,
-    alias: str,
-) -> Tally:
-    """Dead-letter an undecodable message for ``consumer`` (a duplicate if it is
-    dead already)."""
-    now = database_now(alias)
-    try:
-        with transaction.atomic(using=alias):
-            InboxMessage.objects.using(alias).create(
-                consumer=consumer.name,
-                source=source,
-                message_id=key,
-                queue=storable(queue)[:255],
-                state=InboxState.DEAD,
-                body=storable(body),
-                last_error=storable(str(error)),
-                last_error_type=UNDECODABLE,
-                received_at=now,
-                updated_at=now,
-            )
-    except IntegrityError:
-        consume_metrics.outcome(consumer.name, "duplicate")
-        return Tally(duplicates=1)
-    consume_metrics.failure(consumer.name, UNDECODABLE)
-    consume_metrics.outcome(consumer.name, "dead")
-    logger.error(
-        "%s: undecodable message %s on %s DEAD: %s", consumer.name, key, queue, error
-    )
-    return Tally(dead=1)
+__getattr__ = renamed(__name__, {"WAITING": "HELD_BACK"})

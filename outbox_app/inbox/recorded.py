@@ -11,7 +11,8 @@ counted, the body kept): a process that has X runs it from the database
 (``retry_due``). This is what makes a rolling deploy of a new consumer
 safe: the processes of the old code keep its messages instead of dropping
 them. Retiring a consumer is explicit (``manage.py outbox_subscribers
---retire``, :func:`retire`).
+--retire``: :meth:`~outbox_app.store.querysets.SubscriptionQuerySet.
+retire_and_settle`, the rule every retire follows).
 """
 
 from __future__ import annotations
@@ -21,23 +22,12 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from django.db import transaction
-from django.db.models import QuerySet
-
 from ..events.ids import worker_name
-from ..exceptions import SubscriptionInUse
-from ..store.clock import database_now
-from ..store.lifecycle import InboxState
-from ..store.models import ConsumerSubscription, InboxMessage
-from ..store.querysets import SERVED_SECONDS
+from ..store.models import ConsumerSubscription
 from ..subscribers import WILDCARD
 from .registry import Consumer
 
 logger = logging.getLogger("outbox_app.inbox")
-
-#: What ``--waiting`` may say when retiring: dead-letter the consumer's FAILED
-#: messages, or keep them for a process that still has it.
-WAITING = ("skip", "keep")
 
 _lock = threading.Lock()
 #: (alias, consumer, queue, event type) this process has and found retired.
@@ -107,70 +97,3 @@ class Recorded:
                 if recorded in (event_type, WILDCARD) and name not in here
             }
         )
-
-
-def retire(
-    subscriptions: QuerySet,
-    *,
-    waiting: str,
-    by: str,
-    force: bool = False,
-) -> tuple[int, int]:
-    """Retire consumer subscriptions (:class:`~outbox_app.store.models.
-    ConsumerSubscription` rows): processes that lack the consumer no longer
-    keep its messages.
-
-    Args:
-        subscriptions: a ConsumerSubscription queryset; retired rows in it
-            are left alone.
-        waiting: ``"skip"``: the consumer's FAILED inbox messages of those
-            event types (including those kept for it) become DEAD, the
-            error kept; ``"keep"``: they stay, run if a process that has the
-            consumer runs.
-        by: who retired them, stored as ``retired_by``.
-        force: retire even rows a running ``consume`` process still has.
-
-    Returns:
-        ``(subscriptions retired, inbox messages dead-lettered)``.
-
-    Raises:
-        SubscriptionInUse: a ``consume`` process refreshed one of them within
-            ``SERVED_SECONDS`` and ``force`` is not set; nothing is changed.
-        ValueError: ``waiting`` is not one of :data:`WAITING`.
-    """
-    if waiting not in WAITING:
-        raise ValueError(f"waiting must be one of {WAITING}, not {waiting!r}")
-    alias = subscriptions.db
-    with transaction.atomic(using=alias):
-        rows = subscriptions.active().select_for_update()
-        served = sorted(
-            rows.served().values_list(
-                "consumer", "event_type", "queue", "last_seen_at", "last_seen_by"
-            )
-        )
-        if served and not force:
-            now = database_now(alias)
-            raise SubscriptionInUse(
-                "consume process",
-                [
-                    (f"{c} <- {t} on {q}", (now - seen).total_seconds(), by)
-                    for c, t, q, seen, by in served
-                ],
-                SERVED_SECONDS // 60,
-            )
-        pairs = list(rows.values_list("consumer", "event_type"))
-        retired = rows.retire(by[:255])
-    dead = 0
-    if waiting == "skip":
-        for name, event_type in pairs:
-            failed = InboxMessage.objects.using(alias).filter(
-                consumer=name, state=InboxState.FAILED
-            )
-            if event_type != WILDCARD:
-                failed = failed.filter(event_type=event_type)
-            dead += failed.update(
-                state=InboxState.DEAD,
-                next_retry_at=None,
-                updated_at=database_now(alias),
-            )
-    return retired, dead

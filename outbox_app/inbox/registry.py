@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..events.types import Event, validate_event_type
+from ..exceptions import OutboxDeprecationWarning
 from ..execution.retry import RetryPolicy
-from ..subscribers import WILDCARD, dotted_path, keep, registry_lock
+from ..subscribers import WILDCARD, Callee, dotted_path, keep, registry_lock
 
 _consumers: dict[str, Consumer] = {}
 
@@ -41,7 +43,9 @@ class ConsumeContext:
             (``aggregatetype``, ``subject``, ``aggregateversion``).
         tenant_id, action_id: ``tenantid``, ``actionid`` if any.
         headers: ``correlation_id``, ``causation_id``, ``traceparent``,
-            ``tracestate`` when the message carries them.
+            ``tracestate``, ``actor`` and ``metadata`` when the message
+            carries them, as the text on the wire (``metadata``: a JSON
+            object's text).
         occurred_at, deliver_at, expires_at: ``time``, ``deliverat``,
             ``expiretime`` (aware datetimes) or None.
         operation: the ``operation`` attribute (a tracked model's create,
@@ -73,53 +77,33 @@ class ConsumeContext:
     queue: str
 
 
-@dataclass(frozen=True)
-class Consumer:
+@dataclass(eq=False, kw_only=True)
+class Consumer(Callee):
     """One ``@consumer``: ``fn(event, context)`` for the messages of its types
-    arriving on its queue.
-
-    Attributes:
-        name: stable key of its inbox rows.
-        fn: the callable; it receives the rebuilt event (an ``Event`` instance,
-            or the CloudEvent's ``data`` dict for a type no class defines) and a
-            :class:`ConsumeContext`.
-        event_types: the types it receives; ``None``: every type.
-        queue: the queue it reads (declared durable, bound to
-            ``OUTBOX_INBOX_EXCHANGE`` with ``bindings``).
-        bindings: routing keys the queue is bound with (topic patterns).
-        ordered: run each aggregate's messages in arrival order: a message
-            waits while an earlier one of its aggregate is failing or dead.
-        max_attempts: attempts before a failing message is DEAD; ``None``
-            uses ``OUTBOX_MAX_ATTEMPTS``.
-        retry_on, give_up_on: as for handlers: exceptions retried with backoff,
-            exceptions dead-lettered at once.
-        timeout: seconds one call may run before
-            :class:`~outbox_app.exceptions.HandlerTimeout` interrupts it (a
-            failed attempt; SIGALRM, so in ``consume``'s main thread only; an
-            alarm inside a database call waits for the call to return);
-            ``None`` for no limit.
+    arriving on its queue, with a :class:`ConsumeContext`. Its other options
+    are :class:`~outbox_app.subscribers.Callee`'s, a handler's too (``name``:
+    the stable key of its inbox rows; ``ordered``: each aggregate's messages
+    in arrival order, a message waiting while an earlier one of its
+    aggregate is failing or DEAD).
     """
 
-    name: str
-    fn: Callable[[Any, Any], Any]
-    event_types: frozenset[str] | None
+    #: The queue it reads (declared durable, bound to
+    #: ``OUTBOX_INBOX_EXCHANGE`` with ``bindings``).
     queue: str
+    #: Routing keys the queue is bound with (topic patterns).
     bindings: tuple[str, ...] = ("#",)
-    ordered: bool = False
-    max_attempts: int | None = None
-    retry_on: tuple[type[BaseException], ...] = (Exception,)
-    give_up_on: tuple[type[BaseException], ...] = ()
-    timeout: float | None = None
-
-    def receives(self, event_type: str) -> bool:
-        return self.event_types is None or event_type in self.event_types
 
     def policy(self) -> RetryPolicy:
-        """Its retry policy with the current ``OUTBOX_*`` settings (the relay's
-        backoff: :class:`~outbox_app.execution.retry.RetryPolicy`)."""
-        return RetryPolicy.with_options(
-            self.max_attempts, self.retry_on, self.give_up_on
+        """Its retry policy. Deprecated: ``RetryPolicy.of(consumer)``, the
+        one path for handlers, publishers and consumers; this method goes in
+        the next release."""
+        warnings.warn(
+            "Consumer.policy() is replaced by RetryPolicy.of(consumer); it goes "
+            "in the next release",
+            OutboxDeprecationWarning,
+            stacklevel=2,
         )
+        return RetryPolicy.of(self)
 
 
 def consumer(
@@ -148,10 +132,10 @@ def consumer(
         name: stable key of its inbox rows; default the function's dotted path.
         bindings: routing keys binding ``queue`` to ``OUTBOX_INBOX_EXCHANGE``
             (default ``("#",)``: everything on a topic exchange).
-        ordered: per-aggregate order (see :class:`Consumer`).
-        max_attempts: attempts before the message is DEAD.
-        retry_on, give_up_on: exception classes retried / dead-lettered at once.
-        timeout: seconds one call may run (see :class:`Consumer`).
+        ordered, max_attempts, retry_on, give_up_on, timeout: as a
+            handler's (:class:`~outbox_app.subscribers.Callee`): per-aggregate
+            order, attempts before the message is DEAD, exception classes
+            retried / dead-lettered at once, seconds one call may run.
 
     Returns:
         The decorator; it returns ``fn`` unchanged.

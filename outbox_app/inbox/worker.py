@@ -5,7 +5,7 @@ the failed ones from the database between batches.
 The messages the broker has sent (up to the prefetch) are handled as one batch
 in one transaction (``receive_batch``): one SELECT for the duplicates, one
 INSERT of the inbox rows and one COMMIT, the database's durable write, for
-the whole batch (bench/RESULTS.md, "The inbox"). A crash
+the whole batch (docs/consumers.md, "Throughput"). A crash
 before the COMMIT leaves every message of the batch unacknowledged: the broker
 delivers them again.
 
@@ -43,8 +43,10 @@ from ..health import HealthFile
 from ..store.models import InboxMessage
 from ..store.querysets import HEARTBEAT_SECONDS
 from . import recorded
-from .receive import Tally, receive_batch, retry_due
+from .outcomes import Tally
+from .receive import receive_batch
 from .registry import Consumer
+from .retry import retry_due
 
 logger = logging.getLogger("outbox_app.inbox")
 

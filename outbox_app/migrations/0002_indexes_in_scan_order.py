@@ -7,8 +7,8 @@ orders, (event_type, id) and (subscriber, next_retry_at), neither scan could
 stop after its batch: PostgreSQL sorted the whole backlog per claim (114 ms per
 100 rows at 220,000 due), and fan-out read every event it had already flipped
 (353 ms per 100 events at 280,000; fanout.py now also pages by id, since with
-stale statistics PostgreSQL may prefer the primary key). bench/RESULTS.md,
-benchmark 5.
+stale statistics PostgreSQL may prefer the primary key). docs/performance.md,
+"Scale".
 """
 
 from django.db import migrations, models

@@ -1,42 +1,47 @@
 """System checks: ``python manage.py check`` reports malformed outbox settings.
 
 Ids: ``outbox.E001``-``outbox.E0xx`` for settings that cannot work,
-``outbox.W0xx`` for ones that probably do not do what was meant.
+``outbox.W0xx`` for ones that probably do not do what was meant (``W010``: a
+setting still set under the name it had before the last rename).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import warnings
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import (
-    DEFAULTS,
-    RULES,
+    RENAMED,
+    SETTINGS,
     mask_url,
     outbox_settings,
     positive_number,
     valid_publishers,
 )
+from ..exceptions import OutboxDeprecationWarning
 from ..publishers.base import DEFAULT_BACKEND
 
 
 @checks.register("outbox")
 def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """Each ``OUTBOX_*`` setting has the right type and range."""
-    messages: list[checks.CheckMessage] = []
-    for name, (check_id, valid, expected) in RULES.items():
-        value = outbox_settings.raw(name)
-        if not valid(value):
+    messages: list[checks.CheckMessage] = list(_renamed_in_use())
+    for name, spec in SETTINGS.items():
+        with warnings.catch_warnings():  # a former name: W010 says it
+            warnings.simplefilter("ignore", OutboxDeprecationWarning)
+            value = outbox_settings.raw(name)
+        if not spec.valid(value):
             messages.append(
                 checks.Error(
-                    f"OUTBOX_{name} is {mask_url(repr(value))}; it must be {expected}.",
-                    hint=f"Fix or remove OUTBOX_{name} (default: "
-                    f"{DEFAULTS[name].default!r}).",
-                    id=check_id,
+                    f"OUTBOX_{name} is {mask_url(repr(value))}; it must be "
+                    f"{spec.expected}.",
+                    hint=f"Fix or remove OUTBOX_{name} (default: {spec.default!r}).",
+                    id=spec.check,
                 )
             )
     base = outbox_settings.raw("RETRY_BASE_SECONDS")
@@ -69,7 +74,9 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     unknown = sorted(
         name
         for name in dir(settings)
-        if name.startswith("OUTBOX_") and name[len("OUTBOX_") :] not in DEFAULTS
+        if name.startswith("OUTBOX_")
+        and name[len("OUTBOX_") :] not in SETTINGS
+        and name[len("OUTBOX_") :] not in RENAMED
     )
     messages.extend(
         checks.Warning(
@@ -82,8 +89,29 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return messages
 
 
+def _renamed_in_use() -> list[checks.CheckMessage]:
+    """``outbox.W010`` for each setting still set under a former name: read
+    in its place until the next release, or ignored when both are set."""
+    found = []
+    for old, spec in sorted(RENAMED.items()):
+        if not hasattr(settings, f"OUTBOX_{old}"):
+            continue
+        new = f"OUTBOX_{spec.name}"
+        if hasattr(settings, new):
+            message = f"OUTBOX_{old} is ignored: it is renamed {new}, which is set."
+            hint = f"Remove OUTBOX_{old}."
+        else:
+            message = (
+                f"OUTBOX_{old} is renamed {new}; the old name is read until "
+                "the next release."
+            )
+            hint = f"Rename OUTBOX_{old} to {new}."
+        found.append(checks.Warning(message, hint=hint, id="outbox.W010"))
+    return found
+
+
 def _spelling_hint(name: str) -> str:
-    known = [f"OUTBOX_{setting}" for setting in DEFAULTS]
+    known = [f"OUTBOX_{setting}" for setting in SETTINGS]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
         return f"Did you mean {close[0]}?"
@@ -272,7 +300,7 @@ def _check_celery_app() -> list[checks.CheckMessage]:
     from ..publishers.celery import celery_app
 
     path = outbox_settings.raw("CELERY_APP")
-    if not RULES["CELERY_APP"][1](path):
+    if not SETTINGS["CELERY_APP"].valid(path):
         return []  # reported by its rule (E017)
     try:
         celery_app()

@@ -19,8 +19,8 @@ this module does not.
 ``manage.py outbox_purge`` and the Celery ``purge_outbox`` task call
 :func:`purge`.
 
-How it deletes tens of millions of rows beside a running relay
-(``bench/bench_purge.py``, bench/RESULTS.md):
+How it deletes tens of millions of rows beside a running relay (measured:
+docs/operations.md, "outbox_purge"):
 
 - **Pages by primary key, read without locks.** Each pass reads the next
   ``batch_size`` ids after the last one (``id > last ORDER BY id LIMIT n``)
@@ -44,8 +44,8 @@ How it deletes tens of millions of rows beside a running relay
   relays have work waiting (``busy_pause_ratio``, 4 by default: at most a
   fifth of the time; checked at most once a second, with two index probes),
   so the relay keeps >= 0.8x its delivery rate while a purge runs
-  (bench/RESULTS.md: at ratio 1 throughout, MariaDB's relay kept only 0.76x
-  beside a 5-million-event purge).
+  (at ratio 1 throughout, MariaDB's relay kept only 0.76x beside a
+  5-million-event purge: docs/operations.md, "outbox_purge").
 """
 
 from __future__ import annotations

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, IntegerField, Min, Sum
+from django.db.models import Count, IntegerField, Min, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncMinute
 
+from ..exceptions import renamed
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import InboxState, State
+from ..store.lifecycle import UNFINISHED, InboxState, State
 from ..store.models import (
     Delivery,
     InboxMessage,
@@ -34,8 +36,9 @@ from ..store.sql import dialect
 from ..subscribers import Subscriber
 from . import streams
 
-#: Deliveries not finished and still being tried: what the lag measures.
-WAITING = (State.PENDING, State.RUNNING, State.FAILED)
+#: The states of the deliveries the lag measures: not finished and still
+#: being tried (a DEAD one waits for an operator, not for a relay).
+LAG_STATES = tuple(s for s in UNFINISHED if s != State.DEAD)
 #: Length of the deliveries-per-minute series.
 CHART_MINUTES = 24 * 60
 
@@ -132,110 +135,16 @@ def overview(
     now = now or database_now(using)
     subscribers = registry.subscribers()
     table = Delivery.objects.using(using)
-
-    by_name: dict[str, dict[str, int]] = {}
-    for name, state, n in (
-        table.order_by()
-        .values_list("subscriber", "state")
-        .annotate(n=Count("id"))
-        .values_list("subscriber", "state", "n")
-    ):
-        by_name.setdefault(name, {})[state] = n
-    # A waiting row is late from when it was due: its scheduled deliver_at,
-    # else its creation at fan-out. Rows scheduled for later are not late.
-    oldest_by_name = dict(
-        table.filter(state__in=WAITING)
-        .exclude(deliver_at__gt=now)
-        .order_by()
-        .values_list("subscriber")
-        .annotate(oldest=Min(Coalesce("deliver_at", "created_at")))
-        .values_list("subscriber", "oldest")
-    )
-    scheduled_by_name = {
-        name: (n, soonest)
-        for name, n, soonest in table.scheduled(now)
-        .order_by()
-        .values_list("subscriber")
-        .annotate(n=Count("id"), soonest=Min("deliver_at"))
-        .values_list("subscriber", "n", "soonest")
-    }
-
-    rows = []
-    seen: set[str] = set()
-    for subscriber in sorted(subscribers, key=lambda s: s.name):
-        names = list(subscriber.stored_names)
-        seen.update(names)
-        blocked = (
-            table.for_subscribers(names).blocked_aggregates()
-            if subscriber.ordered
-            else None
-        )
-        rows.append(
-            _row(
-                subscriber.name,
-                names,
-                by_name,
-                oldest_by_name,
-                scheduled_by_name,
-                now,
-                kind=subscriber.kind,
-                registered=True,
-                ordered=subscriber.ordered,
-                blocked=blocked,
-            )
-        )
-    for name in sorted(set(by_name) - seen):
-        rows.append(
-            _row(
-                name,
-                [name],
-                by_name,
-                oldest_by_name,
-                scheduled_by_name,
-                now,
-                kind=None,
-                registered=False,
-                ordered=False,
-                blocked=None,
-            )
-        )
-
+    per_name = _PerName.read(table, now)
+    rows = _subscriber_rows(subscribers, per_name, table, now)
     outages = paused(using=using, now=now)
     held = paused_by_operator(using=using, now=now)
-    pauses = {
-        **{
-            p["subscriber"]: {
-                "cause": "operator",
-                "since": p["since"],
-                "paused_seconds": p["paused_seconds"],
-                "by": p["by"],
-                "reason": "",
-            }
-            for p in held
-        },
-        # An outage is what the operator cannot undo: shown first.
-        **{
-            p["subscriber"]: {
-                "cause": "outage",
-                "since": p["since"],
-                "paused_seconds": p["paused_seconds"],
-                "by": p["worker"],
-                "reason": p["reason"],
-            }
-            for p in outages
-        },
-    }
+    pauses = _pauses_by_subscriber(outages, held)
     for row in rows:
         row["paused"] = pauses.get(row["name"])
-
-    states = {state.value: 0 for state in State}
-    for counts in by_name.values():
-        for state, n in counts.items():
-            states[state] = states.get(state, 0) + n
-
+    states = per_name.total()
     awaiting = OutboxEvent.objects.using(using).awaiting_fanout()
-    fanout_oldest = _oldest_awaiting_fanout(awaiting, subscribers)
-    fanout_lag = _age(fanout_oldest, now)
+    fanout_lag = _age(_oldest_awaiting_fanout(awaiting, subscribers), now)
     waiting = [row["oldest_pending_seconds"] for row in rows if row["registered"]]
     cursors = streams.lag(using, now)
     for row in rows:
@@ -280,6 +189,133 @@ def overview(
         ),
         "inbox": inbox(using=using),
     }
+
+
+@dataclass
+class _PerName:
+    """What the deliveries say per stored subscriber name: rows by state,
+    the oldest waiting one's due time, and the scheduled ones (their count
+    and the soonest)."""
+
+    states: dict[str, dict[str, int]]
+    oldest: dict[str, datetime.datetime]
+    scheduled: dict[str, tuple[int, datetime.datetime]]
+
+    @classmethod
+    def read(cls, table: QuerySet, now: datetime.datetime) -> _PerName:
+        """Three grouped queries of ``table`` (the deliveries) at ``now``."""
+        states: dict[str, dict[str, int]] = {}
+        for name, state, n in (
+            table.order_by()
+            .values_list("subscriber", "state")
+            .annotate(n=Count("id"))
+            .values_list("subscriber", "state", "n")
+        ):
+            states.setdefault(name, {})[state] = n
+        # A waiting row is late from when it was due: its scheduled
+        # deliver_at, else its creation at fan-out. Rows scheduled for later
+        # are not late.
+        oldest = dict(
+            table.filter(state__in=LAG_STATES)
+            .exclude(deliver_at__gt=now)
+            .order_by()
+            .values_list("subscriber")
+            .annotate(oldest=Min(Coalesce("deliver_at", "created_at")))
+            .values_list("subscriber", "oldest")
+        )
+        scheduled = {
+            name: (n, soonest)
+            for name, n, soonest in table.scheduled(now)
+            .order_by()
+            .values_list("subscriber")
+            .annotate(n=Count("id"), soonest=Min("deliver_at"))
+            .values_list("subscriber", "n", "soonest")
+        }
+        return cls(states, oldest, scheduled)
+
+    def total(self) -> dict[str, int]:
+        """Rows by state, every subscriber's (every state present)."""
+        total = {state.value: 0 for state in State}
+        for counts in self.states.values():
+            for state, n in counts.items():
+                total[state] = total.get(state, 0) + n
+        return total
+
+
+def _subscriber_rows(
+    subscribers: Sequence[Subscriber],
+    per_name: _PerName,
+    table: QuerySet,
+    now: datetime.datetime,
+) -> list[dict[str, Any]]:
+    """One row per subscriber this process has, by name (its aliases' rows
+    counted with its own), then one per name only stored rows carry (a
+    subscriber removed or renamed without ``aliases``: ``registered``
+    False)."""
+    rows = []
+    seen: set[str] = set()
+    for subscriber in sorted(subscribers, key=lambda s: s.name):
+        names = list(subscriber.stored_names)
+        seen.update(names)
+        blocked = (
+            table.for_subscribers(names).blocked_aggregates()
+            if subscriber.ordered
+            else None
+        )
+        rows.append(
+            _row(
+                subscriber.name,
+                names,
+                per_name,
+                now,
+                kind=subscriber.kind,
+                registered=True,
+                ordered=subscriber.ordered,
+                blocked=blocked,
+            )
+        )
+    for name in sorted(set(per_name.states) - seen):
+        rows.append(
+            _row(
+                name,
+                [name],
+                per_name,
+                now,
+                kind=None,
+                registered=False,
+                ordered=False,
+                blocked=None,
+            )
+        )
+    return rows
+
+
+def _pauses_by_subscriber(
+    outages: list[dict[str, Any]], held: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Subscriber name -> its pause as a subscriber row shows it: by an
+    operator (:func:`paused_by_operator`) or by an outage of its destination
+    (:func:`paused`), the outage shown when both: it is what the operator
+    cannot undo."""
+    pauses = {
+        p["subscriber"]: {
+            "cause": "operator",
+            "since": p["since"],
+            "paused_seconds": p["paused_seconds"],
+            "by": p["by"],
+            "reason": "",
+        }
+        for p in held
+    }
+    for p in outages:
+        pauses[p["subscriber"]] = {
+            "cause": "outage",
+            "since": p["since"],
+            "paused_seconds": p["paused_seconds"],
+            "by": p["worker"],
+            "reason": p["reason"],
+        }
+    return pauses
 
 
 def inbox(*, using: str = "default") -> list[dict[str, Any]]:
@@ -495,9 +531,7 @@ def problems(
 def _row(
     name: str,
     names: list[str],
-    by_name: dict[str, dict[str, int]],
-    oldest_by_name: dict[str, datetime.datetime],
-    scheduled_by_name: dict[str, tuple[int, datetime.datetime]],
+    per_name: _PerName,
     now: datetime.datetime,
     *,
     kind: str | None,
@@ -507,10 +541,10 @@ def _row(
 ) -> dict[str, Any]:
     states = {state.value: 0 for state in State}
     for stored in names:
-        for state, n in by_name.get(stored, {}).items():
+        for state, n in per_name.states.get(stored, {}).items():
             states[state] = states.get(state, 0) + n
-    oldest = [oldest_by_name[n] for n in names if n in oldest_by_name]
-    scheduled = [scheduled_by_name[n] for n in names if n in scheduled_by_name]
+    oldest = [per_name.oldest[n] for n in names if n in per_name.oldest]
+    scheduled = [per_name.scheduled[n] for n in names if n in per_name.scheduled]
     return {
         "name": name,
         "kind": kind,
@@ -546,3 +580,6 @@ def _age(moment: datetime.datetime | None, now: datetime.datetime) -> float | No
     if moment is None:
         return None
     return round(max(0.0, (now - moment).total_seconds()), 1)
+
+
+__getattr__ = renamed(__name__, {"WAITING": "LAG_STATES"})

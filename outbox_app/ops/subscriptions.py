@@ -15,14 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
-from ..exceptions import SubscriptionInUse
+from ..exceptions import renamed
 from ..relay import registry
 from ..store.clock import database_now
-from ..store.lifecycle import ABANDONABLE, REQUEUEABLE, State
+from ..store.lifecycle import REQUEUEABLE, State
 from ..store.models import Delivery, OutboxEvent, Subscription
-from ..store.querysets import SERVED_SECONDS, keyset_pages
+from ..store.querysets import RETIRE_WAITING, keyset_pages
 from ..subscribers import WILDCARD
 from . import streams
 
@@ -139,10 +139,6 @@ def replay_to(
     return ReplayResult(created, reset, skipped)
 
 
-#: What retiring a subscription does with its subscriber's waiting rows.
-WAITING = ("skip", "keep")
-
-
 def retire(
     subscriptions: QuerySet,
     *,
@@ -152,7 +148,11 @@ def retire(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> tuple[int, int]:
     """Retire subscriptions (:class:`~outbox_app.store.models.Subscription` rows):
-    fan-out creates no delivery for them from now on.
+    fan-out creates no delivery for them from now on, and stream delivery
+    reads their types no more (what the subscriber's cursors have not read
+    of them becomes rows: PENDING with ``"keep"``, SKIPPED with ``"skip"``).
+    The rule is the one every retire follows
+    (:meth:`~outbox_app.store.querysets.SubscriptionQuerySet.retire_and_settle`).
 
     Args:
         subscriptions: a Subscription queryset; retired rows in it are left
@@ -171,52 +171,21 @@ def retire(
     Raises:
         SubscriptionInUse: a relay refreshed one of them within
             ``SERVED_SECONDS`` and ``force`` is not set; nothing is changed.
-        ValueError: ``waiting`` is not one of :data:`WAITING`.
+        ValueError: ``waiting`` is not one of :data:`RETIRE_WAITING`.
     """
-    if waiting not in WAITING:
-        raise ValueError(f"waiting must be one of {WAITING}, not {waiting!r}")
     alias = subscriptions.db
-    with transaction.atomic(using=alias):
-        rows = subscriptions.active().select_for_update()
-        served = sorted(
-            rows.served().values_list(
-                "subscriber", "event_type", "last_seen_at", "last_seen_by"
-            )
-        )
-        if served and not force:
-            now = database_now(alias)
-            raise SubscriptionInUse(
-                "relay",
-                [
-                    (f"{name} <- {event_type}", (now - seen).total_seconds(), by)
-                    for name, event_type, seen, by in served
-                ],
-                SERVED_SECONDS // 60,
-            )
-        pairs = list(rows.values_list("subscriber", "event_type"))
-        # Stream delivery: what the subscriber's cursors have not read of
-        # those types becomes rows, as it waits (the cursors stop reading
-        # them) or skipped.
+
+    def hand_over(pairs: list[tuple[str, str]]) -> int:
         handed = State.PENDING if waiting == "keep" else State.SKIPPED
         skipped = 0
         for name, types in _types_by_subscriber(pairs).items():
             done = streams.hand_over(name, types, handed, alias)
             skipped += done if waiting == "skip" else 0
-        retired = rows.retire(by[:255])
-    if waiting == "skip" and pairs:
-        match = Q()
-        for name, event_type in pairs:
-            match |= (
-                Q(subscriber=name)
-                if event_type == WILDCARD
-                else Q(subscriber=name, event_type=event_type)
-            )
-        skipped += (
-            Delivery.objects.using(alias)
-            .filter(match)
-            .skip(batch_size, states=ABANDONABLE)
-        )
-    return retired, skipped
+        return skipped
+
+    return subscriptions.retire_and_settle(
+        waiting=waiting, by=by, force=force, batch_size=batch_size, hand_over=hand_over
+    )
 
 
 def _types_by_subscriber(pairs) -> dict[str, set[str] | None]:
@@ -288,7 +257,7 @@ def subscriber_choices() -> list[tuple[str, str]]:
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "WAITING",
+    "RETIRE_WAITING",
     "ReplayResult",
     "deliveries_matching",
     "pause",
@@ -298,3 +267,5 @@ __all__ = [
     "retire",
     "subscriber_choices",
 ]
+
+__getattr__ = renamed(__name__, {"WAITING": "RETIRE_WAITING"})

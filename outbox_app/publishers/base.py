@@ -169,6 +169,8 @@ class Publisher(Subscriber):
             event_types=None if WILDCARD in event_types else frozenset(event_types),
             ordered=bool(options.get("ORDERED", False)),
             max_attempts=options.get("MAX_ATTEMPTS"),
+            # A message the destination can never take is dead at once.
+            give_up_on=(UndeliverableMessage,),
             aliases=tuple(options.get("ALIASES", ())),
             start=options.get("START", "now"),
             partitions=options.get("PARTITIONS"),

@@ -9,12 +9,12 @@ The envelope of an ``OrderPlaced`` event published for ``shop.Order`` 42::
 
     {
       "specversion": "1.0",
+      "datacontenttype": "application/json",
       "id": "0190b6f0-6d2c-7cc1-8e4a-3f1c2b9d7a10",
       "source": "shop",
       "type": "OrderPlaced",
       "subject": "42",
       "time": "2025-06-01T12:00:00.123456Z",
-      "datacontenttype": "application/json",
       "data": {"order_id": 42, "total": "19.90"},
       "revision": 1,
       "aggregatetype": "shop.Order",
@@ -29,45 +29,28 @@ The envelope of an ``OrderPlaced`` event published for ``shop.Order`` 42::
 
 Attributes whose value is absent (no aggregate, no tenant, no header) are left
 out rather than sent as ``null``: the spec (core, "Type System") says an
-attribute either has a value or is absent.
+attribute either has a value or is absent. Which field each attribute comes
+from, and how the inbox reads it back, is one table:
+:data:`outbox_app.events.cloudevents.ATTRIBUTES`.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 from typing import Any
 
-import orjson
-
+from ..events.cloudevents import CONTENT_TYPE, rfc3339, write
 from ..events.codec import dumps
-from ..exceptions import UndecodableMessage
 from ..subscribers import DeliveryContext
 
-SPECVERSION = "1.0"
-#: The message content type of a structured-mode CloudEvent in JSON.
-CONTENT_TYPE = "application/cloudevents+json"
-#: The content type of ``data``: the stored payload is JSON.
-DATA_CONTENT_TYPE = "application/json"
-
-#: Extension attributes taken from ``DeliveryContext.headers``: header key to
-#: attribute name. Extension names are lowercase ASCII letters and digits only
-#: (CloudEvents core spec, "Attribute Naming Convention"), hence no underscores.
-HEADER_EXTENSIONS = {
-    "correlation_id": "correlationid",
-    "causation_id": "causationid",
-    # The distributed-tracing extension (W3C Trace Context), set by publish()
-    # under OpenTelemetry (outbox_app/execution/tracing.py).
-    "traceparent": "traceparent",
-    "tracestate": "tracestate",
-}
+__all__ = ["CONTENT_TYPE", "body", "rfc3339", "to_cloudevent"]
 
 
 def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
     """Build the CloudEvents 1.0 structured-mode envelope of one delivery.
 
     Context attributes (CloudEvents core spec v1.0.2,
-    https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/spec.md):
+    https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/spec.md;
+    each attribute's field in :data:`~outbox_app.events.cloudevents.ATTRIBUTES`):
 
     * required: ``specversion`` ``"1.0"``; ``id`` the outbox event id (UUIDv7 as
       text; unique per ``source``, so consumers deduplicate on it); ``source``
@@ -104,45 +87,7 @@ def to_cloudevent(context: DeliveryContext) -> dict[str, Any]:
     """
     if not context.event_type:
         raise ValueError(f"outbox event {context.event_id} has no event type")
-    envelope: dict[str, Any] = {
-        "specversion": SPECVERSION,
-        "id": str(context.event_id),
-        "source": context.namespace,
-        "type": context.event_type,
-        "subject": context.aggregate_id,
-        "time": rfc3339(context.occurred_at),
-        "datacontenttype": DATA_CONTENT_TYPE,
-        "data": context.payload,
-        "revision": context.revision,
-        "aggregatetype": context.aggregate_type,
-        "aggregateversion": context.aggregate_version,
-        "tenantid": context.tenant_id,
-        "actionid": None if context.action_id is None else str(context.action_id),
-        "deliverat": None
-        if context.deliver_at is None
-        else rfc3339(context.deliver_at),
-        "expiretime": (
-            None if context.expires_at is None else rfc3339(context.expires_at)
-        ),
-        "operation": context.operation,
-    }
-    headers = context.headers or {}
-    for key, attribute in HEADER_EXTENSIONS.items():
-        value = headers.get(key)
-        envelope[attribute] = None if value is None else str(value)
-    actor, metadata = headers.get("actor"), headers.get("metadata")
-    envelope["actor"] = None if actor is None else _text(actor)
-    envelope["metadata"] = _text(metadata) if metadata else None
-    return {name: value for name, value in envelope.items() if value is not None}
-
-
-def _text(value: Any) -> str:
-    """A header value as an extension attribute's text: a string as it is,
-    any other JSON value as its compact JSON text (extension attributes are
-    scalars: CloudEvents core spec, "Type System")."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return write(context)
 
 
 def body(context: DeliveryContext) -> bytes:
@@ -154,72 +99,3 @@ def body(context: DeliveryContext) -> bytes:
         ValueError: no event type (see :func:`to_cloudevent`).
     """
     return dumps(to_cloudevent(context))
-
-
-#: The attributes every CloudEvent has (core spec, "Required Attributes").
-REQUIRED = ("specversion", "id", "source", "type")
-
-
-def parse(body: bytes | str) -> dict[str, Any]:
-    """The CloudEvent in a structured-mode JSON message body: the inverse of
-    :func:`body` (``manage.py consume`` reads what publishers send).
-
-    Returns:
-        The envelope, a dict with at least the required attributes, as strings.
-
-    Raises:
-        UndecodableMessage: not JSON, not an object, a required attribute
-            missing or not a non-empty string, or a ``specversion`` other
-            than ``"1.0"`` (another version's attributes mean other things:
-            0.3's ``schemaurl`` and ``datacontentencoding``, say).
-    """
-    try:
-        envelope = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise UndecodableMessage(f"the message body is not JSON: {exc}") from exc
-    if not isinstance(envelope, dict):
-        raise UndecodableMessage(
-            f"the message body is a JSON {type(envelope).__name__}, not a "
-            "CloudEvents object"
-        )
-    missing = [
-        name
-        for name in REQUIRED
-        if not isinstance(envelope.get(name), str) or not envelope[name]
-    ]
-    if missing:
-        raise UndecodableMessage(
-            f"not a CloudEvent: no {', '.join(missing)} (a string each); "
-            f"attributes: {', '.join(sorted(envelope)) or 'none'}"
-        )
-    if envelope["specversion"] != SPECVERSION:
-        raise UndecodableMessage(
-            f"specversion is {envelope['specversion']!r}; the inbox reads "
-            f"CloudEvents {SPECVERSION} only"
-        )
-    return envelope
-
-
-def parse_time(value: Any) -> datetime.datetime | None:
-    """An RFC 3339 attribute (``time``, ``expiretime``) as an aware datetime;
-    None when absent or malformed (a foreign producer's problem, not a reason
-    to refuse its event)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def rfc3339(moment: datetime.datetime) -> str:
-    """``moment`` as an RFC 3339 UTC timestamp, e.g. ``2025-06-01T12:00:00.500000Z``.
-
-    A naive datetime is taken to be UTC (Django stores UTC when ``USE_TZ``).
-    Microseconds are kept when present.
-    """
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    text = moment.astimezone(datetime.UTC).isoformat()
-    return text.removesuffix("+00:00") + "Z"

@@ -5,7 +5,7 @@ publisher confirms: every message of the batch is written (:meth:`send`), and
 the broker's ``basic.ack`` / ``basic.nack`` / ``basic.return`` frames are read
 afterwards (:meth:`collect`), so a batch of 500 costs about one round trip
 instead of 500: ~12x the throughput of waiting for each confirm
-(bench/bench_publish.py, bench/RESULTS.md). The relay sends the next batch
+(docs/brokers.md, "Delivery guarantees"). The relay sends the next batch
 before it collects this one's confirms, so the broker always has a batch to
 persist. kombu's ``Producer`` with ``confirm_publish`` waits message by
 message, so this module works on the py-amqp channel underneath kombu. While a

@@ -617,7 +617,7 @@ def _row(values: dict[str, Any]) -> OutboxEvent:
     Built as ``Model.__init__`` would build it, minus the work that does not
     apply here (defaults, descriptors, keyword checks, the ``pre_init`` and
     ``post_init`` signals): ``__init__`` was a third of a ``publish()``'s
-    Python time (bench/RESULTS.md, publish overhead).
+    Python time (docs/performance.md, "Publish overhead").
     """
     model, unset = _unset()
     row = model.__new__(model)

@@ -347,7 +347,7 @@ class Sidecar:
 class ClaimAhead:
     """Claims a subscriber's next batch on a second connection
     (:class:`Sidecar`) while the current batch is delivered: the database work
-    of a claim overlaps the handlers' or the broker's (bench/RESULTS.md).
+    of a claim overlaps the handlers' or the broker's (docs/performance.md).
 
     Not for ordered subscribers (see ``submit``). It starts only once a full
     batch shows a backlog. A batch claimed ahead is renewed before it is

@@ -135,7 +135,7 @@ def fan_out(
     meanwhile waits for fan-out)
     (:meth:`Gateway.fan_out <outbox_app.store.gateway.Gateway.fan_out>`).
     Keyset pagination keeps each batch's scan to the rows it takes, however
-    stale the table's statistics (bench/RESULTS.md, benchmark 5); an event
+    stale the table's statistics (docs/performance.md, "Scale"); an event
     that commits after this call passed its id is left to the next call.
 
     Args:

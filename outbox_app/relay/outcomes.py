@@ -14,12 +14,12 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from django.db import DatabaseError
 
 from ..exceptions import EventExpired, LeaseLost
-from ..execution.metrics import relay_metrics
+from ..execution.metrics import Counts, relay_metrics
 from ..execution.run import recorded_error
 from ..store.clock import database_now
 from ..store.gateway import Gateway
@@ -35,7 +35,7 @@ LAPSED_ERROR = "the event's expires_at passed before it was delivered"
 
 
 @dataclass
-class RelayReport:
+class RelayReport(Counts):
     """Counts of one relay call (rows, not events).
 
     Attributes:
@@ -57,14 +57,6 @@ class RelayReport:
     lapsed: int = 0
     lost: int = 0
     released: int = 0
-
-    def __iadd__(self, other: RelayReport) -> RelayReport:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 class Outcomes:

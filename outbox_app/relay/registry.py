@@ -53,23 +53,20 @@ def handler(
 
     Args:
         *event_types: Event classes or type names the handler receives.
-        name: stable key stored on its deliveries; defaults to the function's
-            dotted path (``module.qualname``).
-        max_attempts: attempts before the delivery EXPIRES; default
-            ``OUTBOX_MAX_ATTEMPTS``.
-        retry_on: exception classes that are retried with backoff.
-        give_up_on: exception classes that dead-letter the delivery at once
-            (checked first).
-        ordered: deliver each aggregate's events strictly in publish order.
-        timeout: seconds one attempt may run; ``None`` for no limit.
-        aliases: former names; deliveries stored under them keep flowing to
-            this handler after a rename.
-        start: stream delivery: where a new handler's cursor starts,
-            ``"now"`` (the events committed from its first record on) or
-            ``"earliest"`` (every event kept).
-        partitions: stream delivery: how many partitions its events are
-            split into (several relays share them); default
-            ``OUTBOX_PARTITIONS``.
+        name, max_attempts, retry_on, give_up_on, ordered, timeout: a
+            consumer's options too, documented once on
+            :class:`~outbox_app.subscribers.Callee`: the stable key stored on
+            its deliveries (default: the function's dotted path), attempts
+            before the delivery is DEAD (default ``OUTBOX_MAX_ATTEMPTS``),
+            exception classes retried with backoff / dead-lettered at once
+            (checked first), per-aggregate publish order, seconds one
+            attempt may run (None: no limit).
+        aliases, start, partitions: a publisher's options too, documented
+            on :class:`~outbox_app.subscribers.Subscriber`: former names
+            whose deliveries keep flowing to it, where a new handler's
+            stream cursor starts (``"now"`` or ``"earliest"``), how many
+            partitions its events are split into (default
+            ``OUTBOX_PARTITIONS``).
 
     Returns:
         The decorator; it returns ``fn`` unchanged.

@@ -2,10 +2,10 @@
 
 It adds what a process needs and the relay functions do not: wake-ups within
 milliseconds of a commit (PostgreSQL LISTEN/NOTIFY; the in-process on-commit
-signal everywhere), adaptive polling (at once while there is work, backing off to
-``OUTBOX_POLL_INTERVAL`` when idle), a clean stop on SIGTERM/SIGINT, and survival
-of database outages (log, back off, reconnect). ``python manage.py relay`` is a
-thin caller.
+signal everywhere), adaptive polling (at once while there is work, backing off
+to ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle), a clean stop on SIGTERM/SIGINT,
+and survival of database outages (log, back off, reconnect). ``python manage.py
+relay`` is a thin caller.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class RelayWorker:
         once: drain what is due now, then return.
         on_iteration: called with each iteration's RelayReport (progress output).
         poll_interval: longest idle wait in seconds; default
-            ``OUTBOX_POLL_INTERVAL``.
+            ``OUTBOX_POLL_INTERVAL_SECONDS``.
         health: the health file to rewrite each loop turn
             (:mod:`outbox_app.health`): ready when the last turn reached the
             database and no publisher is paused; removed when the loop ends.
@@ -79,7 +79,7 @@ class RelayWorker:
         self.max_seconds = max_seconds
         self.once = once
         self.on_iteration = on_iteration
-        self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL
+        self.poll_interval = poll_interval or outbox_settings.POLL_INTERVAL_SECONDS
         self.health = health
         self.stopping = threading.Event()
         self._listen_failed = False
@@ -158,7 +158,7 @@ class RelayWorker:
                         self.on_iteration(report)
                     backlog.record(report, began)
                     if report.claimed or report.fanned_out:
-                        logger.debug("relay iteration %s", _fields(report))
+                        logger.debug("relay iteration %s", report.fields())
                         idle_wait = MIN_POLL_SECONDS
                         # An iteration that ended before its budget found
                         # nothing more to do. Where the relay LISTENs, a commit
@@ -187,7 +187,7 @@ class RelayWorker:
                 # in a thread of a longer-lived process leaves none behind).
                 if not connections[self.using].in_atomic_block:
                     connections[self.using].close()
-        logger.info("relay stopped %s", _fields(total))
+        logger.info("relay stopped %s", total.fields())
         return total
 
     def _report_health(self) -> None:
@@ -280,13 +280,9 @@ class _Backlog:
             logger.info(
                 "relay idle: backlog drained in %.1f s, %s",
                 time.monotonic() - self.since,
-                _fields(self.done),
+                self.done.fields(),
             )
             self.since = None
-
-
-def _fields(report: RelayReport) -> str:
-    return " ".join(f"{key}={value}" for key, value in report.as_dict().items())
 
 
 @contextmanager

@@ -204,11 +204,12 @@ INBOX: tuple[Transition, ...] = (
         "due now, attempts reset",
     ),
     Transition(
-        "abandon",
+        "dead_letter",
         (InboxState.FAILED,),
         (InboxState.DEAD,),
         "retire",
-        "the consumer is retired with --waiting skip",
+        "the consumer is retired with --waiting skip (the inbox's dead letter: "
+        "an operator may requeue it)",
     ),
     Transition(
         "purge",

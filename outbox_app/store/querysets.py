@@ -9,20 +9,22 @@ succeed, fail, release) are raw statements in
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
 from ..events.ids import worker_name
 from ..events.text import storable
-from ..exceptions import UnknownTransition
+from ..exceptions import SubscriptionInUse, UnknownTransition
 from .clock import database_now
 from .db import insert_select, reissued_on_deadlock
 from .lifecycle import (
+    ABANDONABLE,
     CLAIMABLE,
     DEAD_LETTERABLE,
+    INBOX,
     INBOX_REQUEUEABLE,
     REQUEUEABLE,
     RETRYABLE,
@@ -217,6 +219,13 @@ class DeliveryQuerySet(QuerySet):
             updated_at=now,
         )
 
+    def abandon(self, batch_size: int = 1000) -> int:
+        """What waits for a subscription retired with ``waiting="skip"``
+        (the lifecycle's ``abandon``): PENDING, FAILED and DEAD -> SKIPPED,
+        in batches; RUNNING rows are left to the relay that leased them.
+        Returns rows skipped."""
+        return self.skip(batch_size, states=ABANDONABLE)
+
     def replay(self, now: datetime.datetime | None = None) -> int:
         """Deliver again: every row but RUNNING ones and scheduled ones not
         due yet (PENDING: they are delivered when due) -> PENDING, due now,
@@ -234,11 +243,17 @@ class DeliveryQuerySet(QuerySet):
         )
 
     def _in_batches(self, queryset: QuerySet, batch_size: int, **fields) -> int:
-        total = 0
-        for ids in keyset_pages(queryset.values_list("pk", flat=True), batch_size):
-            # Re-filtered, so a row that changed state meanwhile is left alone.
-            total += queryset.filter(pk__in=ids).update(**fields)
-        return total
+        return in_batches(queryset, batch_size, **fields)
+
+
+def in_batches(queryset: QuerySet, batch_size: int, **fields) -> int:
+    """``queryset.update(**fields)`` in batches of ``batch_size`` rows
+    (:func:`keyset_pages`), each batch re-filtered by ``queryset``, so a row
+    that changed meanwhile is left alone. Returns rows updated."""
+    total = 0
+    for ids in keyset_pages(queryset.values_list("pk", flat=True), batch_size):
+        total += queryset.filter(pk__in=ids).update(**fields)
+    return total
 
 
 def keyset_pages(queryset: QuerySet, size: int) -> Iterator[list]:
@@ -336,9 +351,107 @@ def serving(
     return "stale" if age <= SERVED_SECONDS else "unserved"
 
 
+#: What ``waiting`` may say when subscriptions are retired: give up what waits
+#: for their subscriber (``"skip"``) or leave it for a process that still has
+#: the subscriber (``"keep"``).
+RETIRE_WAITING = ("skip", "keep")
+
+
 class SubscriptionQuerySet(QuerySet):
+    #: What refreshes these rows while it runs (as :class:`~outbox_app.
+    #: exceptions.SubscriptionInUse` names it).
+    process = "relay"
+    #: The field naming the subscriber, here and on the rows that wait for it.
+    name_field = "subscriber"
+    #: The model of the rows that wait for a subscriber, and the transition
+    #: (by ``"retire"``) a retire with ``waiting="skip"`` makes of them: a
+    #: method of its queryset, ``(batch_size) -> rows changed``.
+    waiting_model = "Delivery"
+    waiting_transition = "abandon"
+
     def active(self) -> SubscriptionQuerySet:
         return self.filter(retired_at__isnull=True)
+
+    def retire_and_settle(
+        self,
+        *,
+        waiting: str,
+        by: str,
+        force: bool = False,
+        batch_size: int = 1000,
+        hand_over: Callable[[list[tuple[str, str]]], int] | None = None,
+    ) -> tuple[int, int]:
+        """Retire these subscriptions as an operator does (``manage.py
+        outbox_subscribers --retire``, the admin's actions): in one
+        transaction, lock the active rows, refuse them if a running process
+        refreshed one within :data:`SERVED_SECONDS` (unless ``force``), and
+        retire them; then settle what waits for their subscribers: with
+        ``waiting="skip"`` the retire transition of their lifecycle table
+        (:attr:`waiting_transition`: a delivery's ``abandon``, SKIPPED; an
+        inbox message's ``dead_letter``, DEAD: the inbox has no SKIPPED),
+        with ``"keep"`` left for a process that still has the subscriber.
+        Retired rows among these are left alone.
+
+        Args:
+            waiting: one of :data:`RETIRE_WAITING`.
+            by: who retires them, stored as ``retired_by`` (``"admin:
+                alice"``; cut to 255 characters).
+            force: retire even rows a running process still refreshes.
+            batch_size: waiting rows changed per UPDATE.
+            hand_over: called in the transaction, before the rows are
+                retired, with their ``(subscriber, event type)`` pairs;
+                returns how many waiting rows it settled (stream delivery
+                hands over what its cursors have not read:
+                :func:`~outbox_app.ops.streams.hand_over`).
+
+        Returns:
+            ``(subscriptions retired, waiting rows settled)``: skipped
+            deliveries, or dead-lettered inbox messages.
+
+        Raises:
+            SubscriptionInUse: a running process refreshed one of them within
+                :data:`SERVED_SECONDS` and ``force`` is not set; nothing is
+                changed.
+            ValueError: ``waiting`` is not one of :data:`RETIRE_WAITING`.
+        """
+        from ..subscribers import WILDCARD
+
+        if waiting not in RETIRE_WAITING:
+            raise ValueError(
+                f"waiting must be one of {RETIRE_WAITING}, not {waiting!r}"
+            )
+        with transaction.atomic(using=self.db):
+            rows = self.active().select_for_update()
+            served = sorted(rows.served(), key=str)
+            if served and not force:
+                now = database_now(self.db)
+                raise SubscriptionInUse(
+                    self.process,
+                    [
+                        (
+                            str(row),
+                            (now - row.last_seen_at).total_seconds(),
+                            row.last_seen_by,
+                        )
+                        for row in served
+                    ],
+                    SERVED_SECONDS // 60,
+                )
+            pairs = list(rows.values_list(self.name_field, "event_type"))
+            settled = hand_over(pairs) if hand_over else 0
+            retired = rows.retire(by[:255])
+        if waiting == "skip" and pairs:
+            match = Q()
+            for name, event_type in pairs:
+                match |= Q(**{self.name_field: name}) & (
+                    Q() if event_type == WILDCARD else Q(event_type=event_type)
+                )
+            model = self.model._meta.apps.get_model(
+                self.model._meta.app_label, self.waiting_model
+            )
+            waits = model._default_manager.using(self.db).filter(match)
+            settled += getattr(waits, self.waiting_transition)(batch_size)
+        return retired, settled
 
     def served(self, now: datetime.datetime | None = None) -> SubscriptionQuerySet:
         """Active rows a relay refreshed within :data:`SERVED_SECONDS`."""
@@ -575,6 +688,11 @@ class CursorQuerySet(QuerySet):
 
 
 class ConsumerSubscriptionQuerySet(SubscriptionQuerySet):
+    process = "consume process"
+    name_field = "consumer"
+    waiting_model = "InboxMessage"
+    waiting_transition = "dead_letter"
+
     def record(
         self,
         consumers: Iterable,
@@ -627,6 +745,19 @@ def _due(now: datetime.datetime) -> Case:
 
 
 class InboxMessageQuerySet(QuerySet):
+    def dead_letter(self, batch_size: int = 1000) -> int:
+        """What waits for a consumer retired with ``waiting="skip"`` (the
+        inbox lifecycle's ``dead_letter``): its FAILED messages (kept for it
+        included) -> DEAD, the error kept, requeueable, in batches. Returns
+        rows dead-lettered."""
+        return in_batches(
+            self.filter(state__in=transition("dead_letter", INBOX).sources),
+            batch_size,
+            state=InboxState.DEAD,
+            next_retry_at=None,
+            updated_at=database_now(self.db),
+        )
+
     def requeue(self) -> int:
         """FAILED/DEAD -> FAILED, due now, attempts reset to 0: ``manage.py
         consume`` runs them again (the last error kept as history). Returns

@@ -18,6 +18,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from tests.kit import free_port
+
 
 def binary() -> str | None:
     """The tansu executable: ``$CALF_TANSU_BIN``, the one inside the installed
@@ -30,12 +32,6 @@ def binary() -> str | None:
         if bundled.is_file() and os.access(Path(str(bundled)), os.X_OK):
             return str(bundled)
     return shutil.which("tansu")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Tansu:

@@ -20,10 +20,10 @@ from outbox_app.inbox.worker import RETRY_EVERY
 from outbox_app.ops.subscriptions import replay_to
 from outbox_app.publishers import cloudevents
 from outbox_app.relay import relay_once
-from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import InboxState
 from tests.brokers.conftest import RABBITMQ, context
 from tests.brokers.proxy import TcpProxy
+from tests.kit import free_port, scrape
 from tests.processes import (
     Watched,
     kill_other_connections,
@@ -35,13 +35,10 @@ from tests.services import RABBITMQ_URL, through
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _close_publishers():
-    yield
-    close_publishers()
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("_close_publishers"),
+]
 
 
 def consume(
@@ -376,13 +373,7 @@ def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
     (a redelivered one a duplicate) and by error class per consumer, the
     consumer calls' durations and the handled messages' latency, read from
     the running process, which listens on 127.0.0.1 only."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     consumer = consume(
         rabbitmq,
         unique,
@@ -395,26 +386,13 @@ def test_metrics_port_serves_the_consumers_counters(rabbitmq, unique):
     )
     snapshot: dict = {}
 
-    def scrape() -> dict:
-        try:
-            url = f"http://127.0.0.1:{port}/metrics"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                text = response.read().decode()
-        except OSError:
-            return {}
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
-
     def outcome(word: str) -> tuple:
         labels = (("consumer", "tests.inbox"), ("outcome", word))
         return ("outbox_consume_outcomes_total", labels)
 
     def counted() -> bool:
         snapshot.clear()
-        snapshot.update(scrape())
+        snapshot.update(scrape(port))
         return (
             snapshot.get(outcome("dead")) == 1
             and snapshot.get(outcome("handled")) == 4

@@ -42,6 +42,7 @@ from outbox_app.relay import deliver
 from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
 from tests import kit
+from tests.kit import delivered
 from tests.processes import Watched, publisher_relay, wait_for
 from tests.testapp.events import OrderPlaced
 
@@ -405,12 +406,6 @@ def _probes(sender) -> bool:
 # --- relays -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def _close_publishers():
-    yield
-    close_publishers()
-
-
 def publish_orders(count: int, aggregates: int = 10) -> list:
     with transaction.atomic():
         return [
@@ -445,19 +440,6 @@ def assert_once_in_order(records, rows) -> None:
 def stopped(relay: Watched) -> None:
     code = relay.stop()
     assert code == 0, relay.text()[-3000:]
-
-
-def delivered(relay: Watched, count: int) -> None:
-    """Wait until ``count`` deliveries are done (SUCCEEDED), then stop
-    ``relay`` (SIGTERM): it must exit cleanly."""
-    try:
-        wait_for(
-            lambda: kit.succeeded() == count or relay.process.poll() is not None,
-            60,
-            f"the relay to deliver {count} events",
-        )
-    finally:
-        stopped(relay)
 
 
 @pytest.mark.django_db(transaction=True)

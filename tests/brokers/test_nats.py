@@ -32,10 +32,10 @@ from outbox_app.models import SubscriberPause
 from outbox_app.publishers.base import build_publisher
 from outbox_app.publishers.nats import JetStreamPublisher
 from outbox_app.relay import deliver, relay_once
-from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
 from tests import kit
-from tests.processes import Watched, publisher_relay, wait_for
+from tests.kit import delivered
+from tests.processes import publisher_relay
 from tests.services import NATS_URL, through
 from tests.testapp.events import OrderPlaced
 
@@ -479,12 +479,6 @@ def test_a_missing_pub_ack_times_out__resent_and_stored_once(
 # --- relays -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def _close_publishers():
-    yield
-    close_publishers()
-
-
 def publish_orders(count: int) -> list:
     with transaction.atomic():
         return publish(
@@ -502,20 +496,6 @@ def options(url: str, unique: str, **extra) -> dict:
             **extra,
         }
     }
-
-
-def delivered(relay: Watched, count: int) -> None:
-    """Wait until ``count`` deliveries are done (SUCCEEDED), then stop
-    ``relay`` (SIGTERM): it must exit cleanly."""
-    try:
-        wait_for(
-            lambda: kit.succeeded() == count or relay.process.poll() is not None,
-            60,
-            f"the relay to deliver {count} events",
-        )
-    finally:
-        code = relay.stop()
-    assert code == 0, relay.text()[-3000:]
 
 
 @pytest.mark.django_db(transaction=True)

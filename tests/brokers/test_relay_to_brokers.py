@@ -19,7 +19,6 @@ from django.utils import timezone
 from outbox_app import Delivery, OutboxEvent, publish
 from outbox_app.models import SubscriberPause
 from outbox_app.relay import deliver, relay_once
-from outbox_app.relay.registry import close_publishers
 from outbox_app.store.lifecycle import State
 from tests import kit
 from tests.brokers.conftest import body
@@ -27,15 +26,12 @@ from tests.processes import publisher_relay, wait_for
 from tests.services import RABBITMQ_URL, through
 from tests.testapp.events import OrderPlaced, Step
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("_close_publishers"),
+]
 
 AGGREGATES = [("shop.Order", "1"), ("shop.Order", "2"), ("shop.Cart", "9")]
-
-
-@pytest.fixture(autouse=True)
-def _close_publishers():
-    yield
-    close_publishers()
 
 
 def publish_across_aggregates(count: int) -> list[OutboxEvent]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CHROMIUM, require_service
+from tests.kit import free_port, manage
 
 #: The overview's state columns, in the order of ``outbox_app.store.lifecycle.State``.
 STATE_VALUES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "SKIPPED"]
@@ -164,25 +164,6 @@ print("seeded", len(events), "events,", len(rows), "deliveries")
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    """Runs ``manage.py`` in the sample project; returns its stdout."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-
-
 def wait_until_up(url: str, server: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -211,9 +192,9 @@ def sample_site(tmp_path_factory):
         "DJANGO_SUPERUSER_EMAIL": "operator@example.com",
         "PYTHONWARNINGS": "ignore",
     }
-    manage(env, "migrate", "--noinput")
-    manage(env, "createsuperuser", "--noinput")
-    manage(env, "shell", "-c", SEED)
+    manage("migrate", "--noinput", env=env)
+    manage("createsuperuser", "--noinput", env=env)
+    manage("shell", "-c", SEED, env=env)
     port = free_port()
     log = tmp_path / "runserver.log"
     with log.open("w") as out:
@@ -307,7 +288,7 @@ def test_overview_numbers_sit_under_their_headers(sample_site, browser):
     page = log_in(browser, site, 1280)
     page.goto(f"{site}/admin/outbox_app/outboxoverview/")
     assert page.locator("h1").inner_text() == "Outbox overview"
-    status = json.loads(manage(env, "outbox_status", "--json"))
+    status = json.loads(manage("outbox_status", "--json", env=env).stdout)
     table = page.locator("#outbox-subscribers")
     headers = table.locator("thead th").all_inner_texts()
     assert [h.lower() for h in headers] == [
@@ -527,7 +508,7 @@ def test_operator_pauses_and_resumes_a_subscriber(sample_site, browser):
     expect(page.locator("#result_list td.field-paused")).to_contain_text(
         "by admin: operator"
     )
-    status = json.loads(manage(env, "outbox_status", "--json"))
+    status = json.loads(manage("outbox_status", "--json", env=env).stdout)
     assert [p["subscriber"] for p in status["paused_by_operator"]] == [
         "shop.release_inventory",
         "shop.fraud_check",
@@ -599,12 +580,12 @@ def test_the_overview_refreshes_itself_and_its_counts_link(sample_site, browser)
     page.evaluate("() => { window.outboxNotReloaded = true; }")
     before = int(page.locator("#outbox-dead").inner_text())
     manage(
-        env,
         "shell",
         "-c",
         "from outbox_app import Delivery\n"
         "row = Delivery.objects.filter(state='SUCCEEDED').first()\n"
         "Delivery.objects.filter(pk=row.pk).update(state='DEAD')",
+        env=env,
     )
     expect(page.locator("#outbox-dead")).to_have_text(str(before + 1), timeout=20_000)
     assert page.evaluate("() => window.outboxNotReloaded") is True
@@ -654,7 +635,7 @@ def test_lists_fit_beside_the_navigation_sidebar(sample_site, browser, name):
     names and errors: the inbox's and the subscriptions' were 793 and 873 px
     wide in 751."""
     site, env = sample_site
-    manage(env, "shell", "-c", LONG_ROWS)
+    manage("shell", "-c", LONG_ROWS, env=env)
     page = log_in(browser, site)
     page.goto(f"{site}/admin/outbox_app/{name}/?o=-1")
     assert page.locator("#nav-sidebar").is_visible()

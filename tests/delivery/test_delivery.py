@@ -532,7 +532,7 @@ def test_handler_timeout(registered):
     place(1)
     assert relay_once().failed == 1
     row = Delivery.objects.get()
-    assert row.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert row.last_error_type == "outbox_app.exceptions.CallTimeout"
 
 
 @pytest.mark.engine("rows")
@@ -819,7 +819,7 @@ def test_backoff_counts_from_the_failure_not_the_claim(registered, settings):
 def test_a_handler_that_swallows_its_timeout_still_fails(registered):
     import time
 
-    from outbox_app import HandlerTimeout
+    from outbox_app import CallTimeout
 
     @registered(OrderPlaced, name="swallower", timeout=0.1)
     def swallower(event, context):
@@ -831,7 +831,7 @@ def test_a_handler_that_swallows_its_timeout_still_fails(registered):
     place(1)
     assert relay_once().failed == 1
     row = Delivery.objects.get()
-    assert row.last_error_type == f"{HandlerTimeout.__module__}.HandlerTimeout"
+    assert row.last_error_type == f"{CallTimeout.__module__}.CallTimeout"
     assert not SideEffect.objects.exists()
 
 

@@ -290,7 +290,7 @@ def test_a_timeout_during_a_database_call_fails_only_that_handler(registered):
     report = relay_once()
     assert (report.succeeded, report.failed) == (2, 1)
     failed = Delivery.objects.get(state=State.FAILED)
-    assert failed.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert failed.last_error_type == "outbox_app.exceptions.CallTimeout"
     assert not Delivery.objects.filter(state=State.RUNNING).exists()
     assert SideEffect.objects.count() == 2
 

@@ -27,7 +27,9 @@ TAGS = {
     " `fresh` (in a fresh copy of the repository, no environment) and `running`"
     " (a server: still running after 20 s counts as success)",
     "suite": "runs the test suite itself, as .ci/run does",
-    "diagram": "a drawing; every path in it exists in the repository",
+    "diagram": "a drawing; every path in it exists in the repository; option"
+    " `imports`: its arrows (`relay/ ──> store/ events/`) are the imports"
+    " between outbox_app's packages, no more, no less",
     "app": "a module of an example app (its first line names it, '# shop/models.py'):"
     " the page's app blocks make a fresh project of their own (migrate --run-syncdb,"
     " check), in which its app-run blocks run",

@@ -249,6 +249,57 @@ def test_diagram_names_what_exists(block):
     assert not missing, f"{block.id}: not in outbox_app/: {missing}"
 
 
+#: A drawn package or module: ``relay/``, ``tasks.py``.
+NODE = re.compile(r"(?<![\w/.])(\w+/|\w+\.py)(?![\w/])")
+
+
+def drawn_arrows(code: str) -> list[tuple[set[str], set[str]]]:
+    """The arrows of a drawing: ``(sources, targets)`` per ``──>`` line, its
+    sources the nodes that open the lines above it (up to the previous
+    arrow), by unit name (``relay``, ``tasks``)."""
+    arrows, sources = [], set()
+    for line in code.splitlines():
+        if line.lstrip().startswith("──>"):
+            targets = {
+                n.removesuffix("/").removesuffix(".py") for n in NODE.findall(line)
+            }
+            arrows.append((sources, targets))
+            sources = set()
+        elif line.startswith(" ") and not line.startswith("  "):
+            for word in line.split():
+                if not NODE.fullmatch(word):
+                    break
+                sources.add(word.removesuffix("/").removesuffix(".py"))
+    return arrows
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in tagged("diagram") if "imports" in b.options],
+    ids=lambda b: b.id,
+)
+def test_the_diagram_draws_the_imports(block):
+    """Each arrow ``A/ ──> B/ C/`` says what the packages opening the lines
+    above it import among the drawn ones (those beside all, layer 0, are
+    left out): no arrow more, none less."""
+    from tests.unit.test_layers import LAYERS, imports
+
+    graph = imports()
+    arrows = drawn_arrows(block.code)
+    drawn = {unit for sources, targets in arrows for unit in sources | targets}
+    assert drawn == {u for u, layer in LAYERS.items() if layer > 0}, block.id
+    sourced = {unit for sources, _ in arrows for unit in sources}
+    for unit in drawn - sourced:
+        assert not graph.get(unit, set()) & drawn, f"{block.id}: {unit} has no arrow"
+    for sources, targets in arrows:
+        real = set().union(*(graph.get(unit, set()) for unit in sources))
+        real = {unit for unit in real if unit in drawn} - sources
+        assert targets == real, (
+            f"{block.id}: {sorted(sources)} draw {sorted(targets)}, "
+            f"import {sorted(real)}"
+        )
+
+
 #: The settings of the project a page's app blocks make: outbox_app, Django's
 #: auth, and the apps the blocks write (none of the suite's test apps, whose
 #: event types the pages reuse).

@@ -6,7 +6,6 @@ python block runs in ``manage.py shell`` on the project's own database."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -15,27 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_service
+from tests.kit import manage
 from tests.services import RABBITMQ_URL
 
 from .blocks import ROOT, ids, manage_commands, section, tagged
 
 pytestmark = pytest.mark.slow
-
-
-def manage(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OUTBOX_", "CELERY_", "DATABASE_", "DJANGO_"))
-    }
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +36,7 @@ def test_settings_block_in_a_fresh_project(project, block):
     root, settings, text = project
     settings.write_text(f"{text}\n{block.code}")
     try:
-        checked = manage(root, "check", "--fail-level", "ERROR")
+        checked = manage("check", "--fail-level", "ERROR", cwd=root, check=False)
     finally:
         settings.write_text(text)
     assert checked.returncode == 0, checked.stderr
@@ -61,7 +45,7 @@ def test_settings_block_in_a_fresh_project(project, block):
 @pytest.mark.parametrize("block", tagged("python"), ids=ids(tagged("python")))
 def test_python_block_in_a_fresh_project(project, block):
     root, _, _ = project
-    ran = manage(root, "shell", "-c", block.code)
+    ran = manage("shell", "-c", block.code, cwd=root, check=False)
     assert ran.returncode == 0, ran.stderr
 
 
@@ -75,7 +59,7 @@ def start_project(root: Path) -> Path:
     )
     settings = root / "freshproject" / "settings.py"
     settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["outbox_app"]\n')
-    migrated = manage(root, "migrate", "-v", "0")
+    migrated = manage("migrate", "-v", "0", cwd=root, check=False)
     assert migrated.returncode == 0, migrated.stderr
     return settings
 
@@ -111,16 +95,18 @@ def test_the_tour_runs_in_order_in_one_new_project(tmp_path):
         for block in tour:
             code = ours(block.code)
             if block.tag in ("python", "tour"):
-                ran = manage(tmp_path, "shell", "-c", code)
+                ran = manage("shell", "-c", code, cwd=tmp_path, check=False)
                 assert ran.returncode == 0, f"{block.id}:\n{ran.stdout}{ran.stderr}"
             elif block.tag == "settings":
                 settings.write_text(f"{settings.read_text()}\n{code}")
-                checked = manage(tmp_path, "check", "--fail-level", "ERROR")
+                checked = manage(
+                    "check", "--fail-level", "ERROR", cwd=tmp_path, check=False
+                )
                 assert checked.returncode == 0, f"{block.id}: {checked.stderr}"
             elif block.tag == "commands":
                 for command, _ in manage_commands(code):
                     extra = ["--once"] if command == "relay" else []
-                    ran = manage(tmp_path, command, *extra)
+                    ran = manage(command, *extra, cwd=tmp_path, check=False)
                     assert ran.returncode == 0, f"{block.id} {command}: {ran.stderr}"
     finally:
         with Connection(RABBITMQ_URL) as connection:

@@ -20,6 +20,7 @@ from outbox_app.inbox import Tally, receive, receive_batch
 from outbox_app.inbox.registry import consumer, consumers, unregister_consumer
 from outbox_app.publishers.cloudevents import body
 from outbox_app.subscribers import DeliveryContext
+from tests.kit import tried
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
 
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 MESSAGES = 8  # message n: event id n + 1, aggregate n % 3
 BATCHED, ALONE = "tests.fuzz.batched", "tests.fuzz.alone"
-TRIED = {"examples": 0, "messages": 0, "failing": 0, "ordered": 0}
+TRIED = tried(
+    "fuzzed receive_batch()", {"examples": 0, "messages": 0, "failing": 0, "ordered": 0}
+)
 
 
 def message(n: int) -> bytes:
@@ -118,8 +121,3 @@ def test_a_batch_as_one_equals_its_messages_one_at_a_time(batches, failing, orde
     TRIED["messages"] += sum(map(len, batches))
     TRIED["failing"] += bool(failing)
     TRIED["ordered"] += ordered
-
-
-def test_report_how_many_inputs_were_tried(capsys):
-    with capsys.disabled():
-        print(f"\nfuzzed receive_batch(): {TRIED}")

@@ -71,9 +71,9 @@ of a scheduled row they expired before it was due made it due at once, before
 its ``deliver_at`` (``test_requeue_and_replay_keep_the_schedule``).
 
 The bounds (``EXAMPLES``: 20 runs of up to 25 steps, plus the steps that
-drain each run) keep the module well under a minute on each database;
-``test_report_how_many_inputs_were_tried`` prints how many runs and steps
-were tried.
+drain each run) keep the module well under a minute on each database; the
+run's summary says how many runs and steps were tried (tests/kit.py,
+``tried``).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ from outbox_app.relay.outcomes import Outcomes, RelayReport
 from outbox_app.store import lifecycle
 from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import CLAIMABLE, FINISHED, UNFINISHED, State
+from tests.kit import tried
 from tests.testapp.models import SideEffect
 
 # The delivery rows' lifecycle: events written for row delivery (stream
@@ -141,7 +142,7 @@ LAPSED = "outbox_app.exceptions.EventExpired"
 SECOND = datetime.timedelta(seconds=1)
 
 #: Runs (examples), steps and what they did, over the whole module.
-TRIED: Counter = Counter()
+TRIED = tried("lifecycle state machine", Counter())
 
 #: delivery id -> "ok", "retry" (ValueError) or "give_up" (KeyError):
 #: what the handlers do with the rows of the batch being run.
@@ -1351,8 +1352,3 @@ def test_a_held_batch_whose_rows_were_purged(back):
     finally:
         for name in (ORDERED, LOOSE, LATE):
             subscribers_registry.unregister(name)
-
-
-def test_report_how_many_inputs_were_tried(capsys):
-    with capsys.disabled():
-        print(f"\nlifecycle state machine: {dict(sorted(TRIED.items()))}")

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_consumer_past_its_timeout_is_failed_and_retried(consumer):
     """The first run (receive) and the retry (retry_due) are both timed: a
-    HandlerTimeout fails the attempt, its writes are rolled back, and the
+    CallTimeout fails the attempt, its writes are rolled back, and the
     message runs again until a fast attempt handles it."""
 
     @consumer(OrderPlaced, name="slow", timeout=0.2)
@@ -40,11 +40,11 @@ def test_a_consumer_past_its_timeout_is_failed_and_retried(consumer):
     row = InboxMessage.objects.get()
     assert (row.state, row.attempts) == (InboxState.FAILED, 1)
     assert row.last_error == "consumer ran longer than its timeout of 0.2s"
-    assert row.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert row.last_error_type == "outbox_app.exceptions.CallTimeout"
     assert retry_due(mine(), limit=1, now=timezone.now() + LATER).failed == 1
     row.refresh_from_db()
     assert (row.state, row.attempts) == (InboxState.FAILED, 2)
-    assert row.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert row.last_error_type == "outbox_app.exceptions.CallTimeout"
     assert retry_due(mine(), now=timezone.now() + 2 * LATER).handled == 1
     assert time.monotonic() - began < 3
     row.refresh_from_db()

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.test import skipUnlessDBFeature
 from django.utils import timezone
 
-from outbox_app import HandlerTimeout, InboxMessage, UndecodableMessage
+from outbox_app import CallTimeout, InboxMessage, UndecodableMessage
 from outbox_app.inbox import receive, receive_batch, retry_due
 from outbox_app.store.clock import database_now
 from outbox_app.store.lifecycle import InboxState
@@ -473,7 +473,7 @@ def test_a_consumer_running_past_its_timeout_fails_and_the_batch_flows(consumer)
         )
         if event.order_id == 2:
             # Swallowed: the attempt has failed all the same.
-            with contextlib.suppress(HandlerTimeout):
+            with contextlib.suppress(CallTimeout):
                 time.sleep(5)
 
     began = time.monotonic()
@@ -483,4 +483,4 @@ def test_a_consumer_running_past_its_timeout_fails_and_the_batch_flows(consumer)
     assert sorted(SideEffect.objects.values_list("position", flat=True)) == [1, 3]
     failed = InboxMessage.objects.get(state=InboxState.FAILED)
     assert failed.last_error == "consumer ran longer than its timeout of 0.2s"
-    assert failed.last_error_type == "outbox_app.exceptions.HandlerTimeout"
+    assert failed.last_error_type == "outbox_app.exceptions.CallTimeout"

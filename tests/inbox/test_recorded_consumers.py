@@ -16,10 +16,11 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from outbox_app import InboxMessage
+from outbox_app.exceptions import SubscriptionInUse
 from outbox_app.inbox import Consumer, receive, receive_batch, retry_due
 from outbox_app.inbox.recorded import record
 from outbox_app.models import ConsumerSubscription
-from outbox_app.store.lifecycle import InboxState
+from outbox_app.store.lifecycle import INBOX, InboxState
 from tests.inbox.conftest import QUEUE, batch_of, message, mine
 from tests.testapp.events import OrderPlaced
 from tests.testapp.models import SideEffect
@@ -119,6 +120,29 @@ def test_a_retired_consumer_is_no_longer_kept_for(old_code):
     call_command("outbox_subscribers", "--reactivate", "billing", stdout=out)
     assert "Reactivated 2 consumer subscriptions of billing" in out.getvalue()
     assert receive(message(3), QUEUE, mine()).deferred == 1
+
+
+def test_retiring_a_consumer_follows_the_rule_a_subscriptions_retire_follows(
+    old_code,
+):
+    """One operation retires consumers and relays' subscriptions alike: it
+    refuses rows a running process refreshed (naming them) unless forced,
+    retires them, and gives up what waits for them by their lifecycle
+    table's retire transition (an inbox message: DEAD)."""
+    recorded_elsewhere(BILLING)  # a consume process that has it runs now
+    receive(message(1), QUEUE, mine())  # kept for billing: FAILED
+    rows = ConsumerSubscription.objects.filter(consumer="billing")
+    with pytest.raises(ValueError, match="waiting must be one of"):
+        rows.retire_and_settle(waiting="drop", by="t")
+    with pytest.raises(SubscriptionInUse, match=f"billing <- OrderPlaced on {QUEUE}"):
+        rows.retire_and_settle(waiting="skip", by="t")
+    assert not rows.filter(retired_at__isnull=False).exists()
+    assert rows.retire_and_settle(waiting="skip", by="t", force=True) == (2, 1)
+    [retire] = [t for t in INBOX if t.by == "retire"]
+    [row] = kept_for("billing")
+    assert (row.state, row.next_retry_at) == (InboxState.DEAD, None)
+    assert row.state in retire.targets
+    assert set(rows.values_list("retired_by", flat=True)) == {"t"}
 
 
 def test_the_subscribers_command_lists_records_and_guards_consumers(

@@ -33,7 +33,8 @@ from outbox_app.publishing.enqueue import TASK_BACKEND, TASK_EVENT_TYPE
 from outbox_app.store.lifecycle import State
 from tests import kit
 from tests.conftest import require_service
-from tests.processes import Watched, celery_worker, free_port, spawn, wait_for
+from tests.kit import free_port
+from tests.processes import Watched, celery_worker, spawn, wait_for
 from tests.services import RABBITMQ_URL, REDIS_URL
 
 TASKS = {"tasks": {"BACKEND": TASK_BACKEND}}

@@ -18,9 +18,9 @@ from django.db import transaction
 from outbox_app import publish
 from outbox_app.store.lifecycle import State
 from tests import kit
+from tests.kit import free_port, scrape
 from tests.processes import (
     Watched,
-    free_port,
     kill_other_connections,
     loopback_only,
     spawn,
@@ -232,32 +232,12 @@ def test_metrics_port_binds_loopback_unless_metrics_host_says_otherwise():
 def test_metrics_port_serves_the_relays_counters():
     """``relay --metrics-port``: outcomes, failures by error class, batch
     durations and latency, read from the running process."""
-    import socket
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     place(5)
     relay = relay_process(
         "--metrics-port", str(port), OUTBOX_TEST_HANDLER_SETS="record,broken"
     )
     log = Watched(relay)
-
-    def scrape() -> dict:
-        try:
-            url = f"http://127.0.0.1:{port}/metrics"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                text = response.read().decode()
-        except OSError:
-            return {}
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
 
     failed = (
         "outbox_relay_outcomes_total",
@@ -270,7 +250,7 @@ def test_metrics_port_serves_the_relays_counters():
 
     def counted() -> bool:
         snapshot.clear()
-        snapshot.update(scrape())
+        snapshot.update(scrape(port))
         # The broken handler retries on: 5 failures at least.
         return snapshot.get(failed, 0) >= 5 and snapshot.get(succeeded) == 5
 

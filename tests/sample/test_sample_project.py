@@ -22,6 +22,7 @@ import environ
 import pytest
 
 from tests.conftest import require_service
+from tests.kit import manage
 from tests.processes import Watched
 from tests.services import RABBITMQ_URL
 
@@ -95,15 +96,8 @@ def shop_env(tmp_path_factory):
 
 
 def _manage(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=check,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``manage.py ARGS`` of the sample project with ``env``."""
+    return manage(*args, env=env, check=check)
 
 
 @pytest.fixture(scope="module")

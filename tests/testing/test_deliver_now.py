@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from outbox_app import Delivery, publish
 from outbox_app.exceptions import (
+    CallTimeout,
     EndlessDelivery,
     HandlerFailed,
-    HandlerTimeout,
     TransactionBroken,
 )
 from outbox_app.relay import relay_once
@@ -173,7 +173,7 @@ def test_errors_the_handler_did_not_raise_fail_the_attempt(outbox, subscribe):
     errors = {o.handler: type(o.error) for o in report.dead}
     assert errors == {
         "testing.swallows": TransactionBroken,
-        "testing.slow": HandlerTimeout,
+        "testing.slow": CallTimeout,
     }
 
 

@@ -170,3 +170,56 @@ def test_a_payload_integer_beyond_64_bits_is_sent_unchanged():
 )
 def test_stored_json_is_read_as_the_standard_library_reads_it(text):
     assert codec.loads(text) == json.loads(text)
+
+
+def test_the_inbox_reads_back_every_attribute_a_publisher_writes():
+    """One table maps the attributes both ways: what a relay sends, the
+    inbox's context gives back field for field (the headers as the text on
+    the wire), and nothing of the inbox reads it through the publishers."""
+    from outbox_app.events.cloudevents import parse
+    from outbox_app.inbox.context import context_for
+    from outbox_app.inbox.registry import Consumer
+    from tests.unit.test_layers import imports
+
+    due = datetime.datetime(2025, 6, 2, 7, 0, tzinfo=datetime.UTC)
+    headers = {**make().headers, "metadata": {"path": "/orders/"}}
+    sent = make(deliver_at=due, expires_at=due, operation="update", headers=headers)
+    consumer = Consumer(name="c", fn=print, event_types=None, queue="q")
+    got = context_for(parse(body(sent)), consumer, "q", attempt=2)
+    assert (got.message_id, got.event_id) == (str(EVENT_ID), EVENT_ID)
+    assert got.source == sent.namespace
+    for name in (
+        "event_type",
+        "revision",
+        "payload",
+        "aggregate_type",
+        "aggregate_id",
+        "aggregate_version",
+        "tenant_id",
+        "occurred_at",
+        "deliver_at",
+        "expires_at",
+        "operation",
+    ):
+        assert getattr(got, name) == getattr(sent, name), name
+    assert got.action_id == str(ACTION_ID)
+    assert got.headers == {
+        "correlation_id": "req-7f3a",
+        "causation_id": "12",
+        "actor": "u",
+        "metadata": '{"path":"/orders/"}',
+    }
+    assert "publishers" not in imports()["inbox"]
+
+
+def test_every_field_of_a_delivery_is_sent_or_named_as_the_deliverys_own():
+    """A field added to DeliveryContext is sent (an attribute of the table)
+    or named here as a detail of one delivery: never silently left out."""
+    from dataclasses import fields
+
+    from outbox_app.events.cloudevents import ATTRIBUTES
+
+    own = {"attempt", "subscriber", "delivery_id", "using", "payload_bytes"}
+    own |= {"position"}
+    sent = {a.field for a in ATTRIBUTES if a.kind != "header"} | {"headers"}
+    assert {f.name for f in fields(DeliveryContext)} == own | sent

@@ -17,6 +17,18 @@ from tests.services import address, through
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository, with ``env``, its output captured."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "port", "expected"),
     [
@@ -54,22 +66,15 @@ def test_the_broker_tests_use_the_urls_of_the_environment(tmp_path):
         OUTBOX_TEST_REDIS_URL="redis://127.0.0.1:6379/999",
         OUTBOX_TEST_SQLITE_DIR=str(tmp_path),
     )
-    ran = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "tests/brokers/test_rabbitmq.py",
-            "tests/brokers/test_redis.py",
-        ],
-        cwd=ROOT,
+    ran = python(
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "tests/brokers/test_rabbitmq.py",
+        "tests/brokers/test_redis.py",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     out = ran.stdout
     assert ran.returncode == 0 and " failed" not in out, out[-3000:]
@@ -81,3 +86,23 @@ def test_the_broker_tests_use_the_urls_of_the_environment(tmp_path):
         "Redis is not reachable: redis://127.0.0.1:6379/999 (OUTBOX_TEST_REDIS_URL)"
         in out
     ), out[-3000:]
+
+
+@pytest.mark.slow
+def test_the_unit_tests_that_need_nats_skip_where_it_is_not_installed(tmp_path):
+    """nats-py is an extra (``outbox_app[nats]``): on a machine without it,
+    the unit tests that build a NATS publisher are skipped, saying why, and
+    the others pass."""
+    run = (
+        "import sys; sys.modules['nats'] = None; import pytest; "
+        "sys.exit(pytest.main(['-p', 'no:cacheprovider', '-q', '-rs', "
+        "'tests/unit/test_checks.py']))"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "OUTBOX_TEST_SQLITE_DIR": str(tmp_path),
+    }
+    ran = python("-c", run, env=env)
+    out = ran.stdout
+    assert ran.returncode == 0, out[-3000:]
+    assert "3 skipped" in out and "nats is not installed" in out, out[-3000:]

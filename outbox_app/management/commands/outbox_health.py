@@ -34,7 +34,7 @@ class Command(OutboxCommand):
             default=MAX_AGE_SECONDS,
             metavar="SECONDS",
             help="Alive when the last loop turn is at most this old (default: "
-            f"{MAX_AGE_SECONDS:g}). Longer than OUTBOX_POLL_INTERVAL and than "
+            f"{MAX_AGE_SECONDS:g}). Longer than OUTBOX_POLL_INTERVAL_SECONDS and than "
             "the longest batch of handlers or consumers.",
         )
         parser.add_argument(

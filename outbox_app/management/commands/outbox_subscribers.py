@@ -13,7 +13,6 @@ from django.template.defaultfilters import pluralize
 from outbox_app import inbox
 from outbox_app.events.ids import worker_name
 from outbox_app.exceptions import OutboxError
-from outbox_app.inbox import recorded
 from outbox_app.management.base import OutboxCommand
 from outbox_app.ops import streams, subscriptions
 from outbox_app.relay import registry
@@ -84,7 +83,7 @@ class Command(OutboxCommand):
         )
         parser.add_argument(
             "--waiting",
-            choices=subscriptions.WAITING,
+            choices=subscriptions.RETIRE_WAITING,
             help="Required with --retire: 'skip' gives up its PENDING, FAILED and "
             "DEAD deliveries (they become SKIPPED), or dead-letters a consumer's "
             "FAILED inbox messages; 'keep' leaves them for a process that has it.",
@@ -165,7 +164,7 @@ class Command(OutboxCommand):
                         f"{skipped} waiting deliveries skipped."
                     )
                 if consumers.exists():
-                    retired, dead = recorded.retire(consumers, **how)
+                    retired, dead = consumers.retire_and_settle(**how)
                     self.stdout.write(
                         f"Retired {retired} consumer subscriptions of {name}; "
                         f"{dead} waiting inbox messages dead-lettered."
