@@ -441,19 +441,39 @@ def relays_once(count: int, expected: int, **env: str) -> float:
     return elapsed
 
 
-def relays_running(count: int, expected: int) -> float:
+def relays_running(count: int, expected: int, partitions: int) -> float:
     """``count`` long-running ``relay`` processes (a no-op handler), started
-    and idle before the clock starts: the subscriber paused by an operator,
-    ``expected`` events published and fanned out by the relays, then resumed;
-    seconds from the first delivery's ``completed_at`` to the last (the
-    relays see the resume within ``HELD_REFRESH_SECONDS``, 1 s: left out)."""
+    and idle before the clock starts. Row delivery: the subscriber paused by
+    an operator, ``expected`` events published and fanned out by the relays,
+    then resumed; seconds from the first delivery's ``completed_at`` to the
+    last (the relays see the resume within ``HELD_REFRESH_SECONDS``, 1 s:
+    left out). Stream delivery (``partitions`` per subscriber): once the
+    relays hold every cursor between them, ``expected`` events committed in
+    one transaction; seconds from that commit until no cursor has one left
+    to read (polled every 20 ms)."""
     from django.db.models import Max, Min
 
+    from outbox_app.ops import streams
     from outbox_app.ops import subscriptions as operations
+    from outbox_app.store.gateway import streaming
 
     reset()
-    children = [spawn_relay(quiet=True, BENCH_NOOP_HANDLER="1") for _ in range(count)]
+    env = {"BENCH_NOOP_HANDLER": "1", "OUTBOX_PARTITIONS": str(partitions)}
+    children = [spawn_relay(quiet=True, **env) for _ in range(count)]
     try:
+        if streaming():
+            holders = min(count, partitions)
+            while (
+                Cursor.objects.exclude(locked_by="").count() < partitions
+                or Cursor.objects.values("locked_by").distinct().count() < holders
+            ):
+                time.sleep(0.1)
+            with transaction.atomic():
+                publish_orders(expected, "bench.Order")
+            began = time.perf_counter()
+            while streams.awaited():
+                time.sleep(0.02)
+            return time.perf_counter() - began
         rows = Subscription.objects.all()
         while not rows.exists():
             time.sleep(0.1)
@@ -496,7 +516,7 @@ def scaleout(args: argparse.Namespace) -> None:
             if args.to == "rabbitmq":
                 rabbit.declare(EXCHANGE, QUEUE)
             if args.running:
-                seconds = relays_running(n, args.events)
+                seconds = relays_running(n, args.events, args.partitions)
             else:
                 seconds = relays_once(n, args.events, **env)
             rates[names[n]].append(args.events / seconds)
@@ -505,7 +525,16 @@ def scaleout(args: argparse.Namespace) -> None:
         print_round(round_, rates)
     medians = {k: statistics.median(v) for k, v in rates.items()}
     what = "RabbitMQ" if args.to == "rabbitmq" else "a no-op handler"
-    if args.running:
+    from outbox_app.store.gateway import streaming
+
+    if args.running and streaming():
+        how = (
+            f"N running relay processes with default settings but "
+            f"OUTBOX_PARTITIONS={args.partitions}, to a no-op handler, holding "
+            "every cursor between them; the events committed in one "
+            "transaction, timed from the commit until no cursor has one left"
+        )
+    elif args.running:
         how = (
             "N running relay processes with default settings, to a no-op "
             "handler, the events fanned out while an operator pause held the "
@@ -925,6 +954,12 @@ def main() -> None:
         "--running",
         action="store_true",
         help="relays already running and idle (a no-op handler), not relay --once",
+    )
+    sub.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="stream delivery: OUTBOX_PARTITIONS of the running relays (default 4)",
     )
     sub.add_argument("--plot", help="save the medians as bench/<PLOT>.png")
     sub = figures.add_parser("latency")

@@ -57,3 +57,6 @@ OUTBOX_PREPARED_STATEMENTS = os.environ.get("OUTBOX_PREPARED_STATEMENTS") == "1"
 # environment (passed on to the relay processes); unset: the default.
 if os.environ.get("OUTBOX_ENGINE"):
     OUTBOX_ENGINE = os.environ["OUTBOX_ENGINE"]
+# Stream delivery's partitions per subscriber (scale-out: several relays).
+if os.environ.get("OUTBOX_PARTITIONS"):
+    OUTBOX_PARTITIONS = int(os.environ["OUTBOX_PARTITIONS"])

@@ -750,7 +750,10 @@ class StreamSettlement:
         return written, later
 
     def recorded(self, failures) -> None:
-        """Count and log ``failures`` as :meth:`settle` wrote them."""
+        """The group's transaction committed: its move stays (a later group
+        that breaks undoes only its own). Count and log ``failures`` as
+        :meth:`settle` wrote them."""
+        self._undo = None
         for context, error, retry_at, error_type in failures:
             self.outcomes.failure(context, error, retry_at, error_type)
 

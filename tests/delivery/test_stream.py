@@ -656,3 +656,41 @@ def test_a_relay_that_stops_hands_its_cursors_back(handlers):
     RelayWorker(once=True).run()
     assert kit.succeeded() == 4
     assert not kit.taken()
+
+
+@pytest.mark.only_database("postgresql")
+def test_a_group_whose_connection_breaks_leaves_the_group_before_it_delivered(
+    registered,
+):
+    """A handler that queries commits its group at once; the next group's
+    connection is cut (a database outage) before its outcome is written: the
+    cursor goes back to where that group began, not past the group that
+    committed, whose event is not run again."""
+    from django.db import DatabaseError
+
+    from outbox_app.relay.loop import SubscriptionView
+
+    runs = []
+
+    @registered(Step, name="writes")
+    def writes(event, context):
+        runs.append(event.position)
+        if event.position == 1 and runs.count(1) == 1:
+            with connection.cursor() as cursor:  # the connection is cut
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        SideEffect.objects.create(
+            handler="writes", event_id=context.event_id, position=event.position
+        )
+
+    steps(2)
+    view = SubscriptionView("default")
+    try:
+        with pytest.raises(DatabaseError):
+            relay_once(view=view)
+        connection.close()
+        relay_once(view=view)
+        relay_once(view=view)
+    finally:
+        view.close()
+    assert runs == [0, 1, 1]
+    assert SideEffect.objects.filter(handler="writes").count() == 2
