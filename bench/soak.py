@@ -10,14 +10,23 @@ checked.
 
 Not part of the test suite: it runs for ``--seconds`` (default 180) plus the
 drain, prints a summary (events published, committed and rolled back; faults
-injected by kind; duplicates at the broker; effect duplicates, order
-violations, unfinished rows, each of which must be 0; elapsed time) and exits
+injected by kind; deliveries done, by stream and by row; duplicates at the
+broker; effect duplicates, order violations, deliveries not done and
+unfinished, each of which must be 0; lags and retries; elapsed time) and exits
 0 when every invariant holds, 1 when one fails, 2 when it cannot run here.
+
+**The delivery engine** judged is the project's default for the database
+(stream delivery on PostgreSQL: each subscriber's cursor reads the outbox,
+and a delivery row is written only for what needs attention; rows on
+MySQL/MariaDB), or the one ``OUTBOX_ENGINE`` names in the environment
+(``stream`` or ``rows``), passed on to every process. The checks read
+deliveries as operators see them, so they hold for either engine.
 
 **What runs.** ``--relays`` (3) real ``python -m django relay -v 2`` processes
 of a fresh project (``bench/soak_settings.py``: the database, the apps, one
 RabbitMQ publisher; every other ``OUTBOX_*`` setting at its default, except
-``OUTBOX_LEASE_SECONDS`` when ``--lease`` is given), each restarted by the
+``OUTBOX_LEASE_SECONDS`` when ``--lease`` is given and ``OUTBOX_ENGINE`` when
+set), each restarted by the
 soak when it dies, like systemd's ``Restart=always``. ``--writers`` (4)
 threads of this process commit ``Deposited`` events at ``--rate`` events/s in
 all: 1 to 3 events per transaction on one of the writer's own ``--accounts``
@@ -30,7 +39,8 @@ whether it committed.
 Subscribers of every event (``bench/soakapp/handlers.py``): the RabbitMQ
 publisher ``soak.broker`` (exchange and queue ``soak.events`` in the vhost
 of ``--broker-url``), and three database-only handlers writing an ``Effect``
-row in the transaction that marks their delivery: ``soak.effect``,
+row in the transaction that delivers the event (marks its row SUCCEEDED, or
+moves the subscriber's cursor past it): ``soak.effect``,
 ``soak.flaky`` (fails ``--failure-rate`` of its attempts, retried) and
 ``soak.ordered`` (``ordered=True``, fails half as often; it records the
 highest position of its aggregate it saw committed). Each sleeps
@@ -85,10 +95,11 @@ RabbitMQ's); the broker's faults are instead:
 database server, e.g. ``pg_ctlcluster 15 soak restart``) once, at
 ``--restart-db-at`` (a fraction of ``--seconds``, 0.5).
 
-**Checks**, once the writers stopped, the relays drained (every event fanned
-out and every delivery SUCCEEDED; the soak gives up when the backlog has
-not shrunk for ``--drain-timeout`` seconds) and were stopped with SIGTERM,
-and the queue was consumed:
+**Checks**, once the writers stopped, the relays drained (no event waiting for
+fan-out or for a cursor, ``outbox_app.ops.streams.awaited``, nor for the
+consumer, and every delivery row SUCCEEDED; the soak gives up when the
+backlog has not shrunk for ``--drain-timeout`` seconds) and were stopped with
+SIGTERM, and the soak had read the relays' queue to its end:
 
 - each committed event's effect exactly once per handler and for the
   consumer: duplicates (must be 0) and missing effects (must be 0);
@@ -100,13 +111,35 @@ and the queue was consumed:
   written while its aggregate's previous position was not committed yet, or
   after a later one;
 - every committed event at the broker at least once: missing (must be 0);
-  duplicates counted and reported (at least once allows them); against
-  Kafka, every record read across tansu's restarts counts;
-- nothing unfinished: events not fanned out, deliveries not SUCCEEDED,
-  deliveries missing (must be 0); DEAD rows are reported apart;
+  duplicates counted and reported (at least once allows them). The soak
+  reads the relays' queue (or topic) from the start, in a thread: RabbitMQ's
+  acknowledged once recorded (a message delivered again after a fault closed
+  the reader's connection is one copy); against Kafka, every record read
+  across tansu's restarts counts;
+- every committed event delivered to every subscriber as operators see it:
+  ``outbox_app.ops.streams.delivered`` (its SUCCEEDED rows and what its
+  cursors delivered with no row) lacks none (must be 0), each event's page
+  (``outbox_app.ops.streams.event_deliveries``, every event up to 2,000, a
+  seeded sample beyond) shows every subscriber's delivery done (must be 0
+  not), and no cursor has events waiting (``outbox_app.ops.streams.lag``,
+  must be 0);
+- nothing unfinished: events not fanned out, events a cursor has still to
+  read, rows not SUCCEEDED (FAILED, PENDING, RUNNING, DEAD) (must be 0);
+  the rows are listed by state;
+- every event written for the engine judged (must be 0 for the other);
 - nothing from a rolled-back transaction (or savepoint, or a transaction a
   fault aborted) in the outbox, the effects or the queue (must be 0), and
   each committed event has its ``Deposit`` row and no other (must be 0).
+
+**Figures** come from the soak's own witnesses, which mean the same whichever
+engine delivered (an event a cursor delivered has no row to time): the lag
+from ``publish()`` (the event's ``occurred_at``) to each handler's ``Effect``
+row and ``soak.consumer``'s, to ``soak.callback``'s ``Sent`` row (each
+stamped by the database's clock) and, for ``soak.broker``, to the soak's
+first read of its message from the broker; p50, p99 and max per subscriber.
+Retries are the effects and sends written by an attempt after the first. The
+relays' own counts (lost leases, released, failed attempts) are read from
+their logs.
 
 **Set-up.** The database of ``DATABASE_URL`` (default
 ``postgres://postgres@127.0.0.1:5432/outbox_soak``; its name must contain
@@ -131,9 +164,12 @@ cluster of its own and restart only that one::
 Logs go to ``--log-dir`` (by default a temporary directory, removed after a
 passing run): each relay's output (``relay-N.log``, ``-v 2``; the consumer's
 in ``consume-1.log``; a relay that does not drain or stop also writes its
-threads' stacks there), the fault timeline (``faults.log``) and, when the
-relays do not drain, the database sessions and unfinished rows
-(``database.txt``).
+threads' stacks there), the fault timeline (``faults.log``), the message ids
+the broker had more than once (``broker-duplicates.txt``), every effect of a
+delivery that took effect twice, with its relay process, attempt and time
+(``effect-duplicates.txt``, to set beside the timeline and the relays' logs)
+and, when the relays do not drain, the database sessions, the cursors and the
+unfinished rows (``database.txt``).
 """
 
 from __future__ import annotations
@@ -141,6 +177,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import datetime
 import os
 import random
 import re
@@ -154,6 +191,7 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import environ
 
@@ -182,6 +220,9 @@ AGGREGATE_TYPE = "soak.Account"
 STOP_SECONDS = 60.0
 #: Seconds between two VACUUM ANALYZEs where autovacuum is off (Autovacuum).
 VACUUM_EVERY = 10.0
+#: Events whose page (each subscriber's delivery) is read at the end: all of
+#: them up to this many, a seeded sample of this many beyond.
+PAGES = 2000
 
 
 #: The options: (flag, type, default, help). Units are in the help texts.
@@ -351,7 +392,20 @@ def rabbitmqctl(*args: str, check: bool = True) -> str:
 
 
 class Broker:
-    """The soak's vhost: its set-up, its faults, and the final consumption."""
+    """The soak's vhost: its set-up, its faults, and a reader of the relays'
+    queue in the soak's process from the start.
+
+    ``seen`` counts the copies of each message id the relays published, as
+    the reader gets them (acknowledging each once recorded, so a message in
+    flight when a fault closes the reader's connection is delivered again,
+    never lost): a message RabbitMQ delivers again (``redelivered``) is a copy
+    already counted unless its id was not seen yet. ``received`` has when each
+    id was first read (``time.time()``, seconds): the broker's receipt,
+    whichever delivery engine sent it."""
+
+    #: Seconds the reader must have read nothing, with the queue empty, before
+    #: the copies are counted at the end.
+    QUIET = 1.0
 
     def __init__(self, url: str):
         parts = urllib.parse.urlsplit(url)
@@ -366,30 +420,85 @@ class Broker:
                 "the soak needs a RabbitMQ vhost of its own (it closes every "
                 "connection of it): e.g. --broker-url " + DEFAULT_BROKER
             )
+        self.seen: collections.Counter = collections.Counter()
+        self.received: dict[str | None, float] = {}
+        self.errors: collections.Counter = collections.Counter()
+        self.last_read = time.monotonic()
+        self.stopping = threading.Event()
+        self.reader: threading.Thread | None = None
 
     kinds = BROKER_KINDS["rabbitmq"]
+    name = "RabbitMQ"
 
     def describe(self) -> str:
         return f"RabbitMQ vhost {self.vhost}"
 
     def set_up(self) -> None:
         """The vhost, the relays' exchange and queue and the consumer's,
-        emptied."""
+        emptied; the reader of the relays' queue started."""
         self.ensure_vhost()
         self.declare(settings.SOAK_EXCHANGE, settings.SOAK_QUEUE)
         self.declare_inbox(settings.SOAK_EXCHANGE, INBOX_QUEUE)
+        self.reader = threading.Thread(target=self._read, name="rabbitmq-reader")
+        self.reader.daemon = True
+        self.reader.start()
 
     def collect(self) -> collections.Counter:
-        """Every message of the relays' queue (consumed): the copies of each
-        message id."""
-        return self.consume(settings.SOAK_QUEUE)
+        """Once the relays have stopped: wait until the reader has emptied
+        the relays' queue and read nothing for :attr:`QUIET` s, stop it; the
+        copies of each message id."""
+        self.stopping.set()
+        if self.reader is not None:
+            self.reader.join(120)
+            if self.reader.is_alive():
+                self.errors["the queue was not emptied within 120 s"] += 1
+        return self.seen
 
     def restore(self) -> None:
-        """The vhost's permissions back, whatever happened."""
+        """The vhost's permissions back and the reader stopped, whatever
+        happened."""
+        self.stopping.set()
         self.allow()
 
     def summary(self) -> str:
-        return ""
+        errors = ", ".join(f"{n}x {e}" for e, n in self.errors.most_common(4))
+        return f"reader's connection errors: {errors or 'none'}"
+
+    def _read(self) -> None:
+        """The reader thread: consumes the relays' queue, acknowledging each
+        message once recorded; connects again after a fault (an outage
+        refuses it until it is over); ends once :attr:`stopping` is set and
+        the queue is empty and quiet."""
+        while True:
+            try:
+                with self._connect() as conn:
+                    channel = conn.channel()
+                    channel.basic_qos(0, 500, False)
+                    channel.basic_consume(settings.SOAK_QUEUE, callback=self._record)
+                    while not self._done(channel):
+                        with contextlib.suppress(TimeoutError):
+                            conn.drain_events(timeout=0.2)
+                return
+            except Exception as exc:  # closed by a fault, refused by an outage
+                self.errors[type(exc).__name__] += 1
+                time.sleep(0.2)
+
+    def _record(self, message) -> None:
+        message_id = message.properties.get("message_id")
+        if not message.delivery_info.get("redelivered") or message_id not in self.seen:
+            self.seen[message_id] += 1
+            self.received.setdefault(message_id, time.time())
+        self.last_read = time.monotonic()
+        message.channel.basic_ack(message.delivery_tag)
+
+    def _done(self, channel) -> bool:
+        """Stopping, quiet, and the queue empty."""
+        if not self.stopping.is_set():
+            return False
+        if time.monotonic() - self.last_read < self.QUIET:
+            return False
+        ready = channel.queue_declare(settings.SOAK_QUEUE, passive=True)
+        return ready.message_count == 0
 
     def end_outage(self) -> str:
         self.allow()
@@ -472,28 +581,6 @@ class Broker:
             return False
         return True
 
-    def consume(self, queue: str) -> collections.Counter:
-        """Every message of ``queue`` (consumed, so the queue is left empty):
-        the number of copies of each message id."""
-        seen: collections.Counter = collections.Counter()
-        with self._connect() as conn:
-            channel = conn.channel()
-            ready = channel.queue_declare(queue, passive=True).message_count
-            got = 0
-
-            def on_message(message) -> None:
-                nonlocal got
-                seen[message.properties.get("message_id")] += 1
-                got += 1
-
-            channel.basic_consume(queue, no_ack=True, callback=on_message)
-            while True:
-                try:
-                    conn.drain_events(timeout=1 if got >= ready else 10)
-                except TimeoutError:
-                    break
-        return seen
-
 
 def set_up_error(exc: Exception) -> None:
     print(f"soak: cannot run: {exc}", file=sys.stderr)
@@ -524,16 +611,23 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import DatabaseError, connection, transaction  # noqa: E402
 from django.db.models import Count  # noqa: E402
+from django.utils import timezone  # noqa: E402
 
 from bench.soakapp.events import Deposited  # noqa: E402
 from bench.soakapp.models import Deposit, Effect, Sent  # noqa: E402
 from outbox_app import Delivery, InboxMessage, OutboxEvent, publish  # noqa: E402
 from outbox_app.conf import outbox_settings  # noqa: E402
 from outbox_app.exceptions import DuplicateAggregateVersion  # noqa: E402
-from outbox_app.models import SubscriberPause  # noqa: E402
+from outbox_app.models import Cursor, SubscriberPause  # noqa: E402
+from outbox_app.ops import streams  # noqa: E402
+from outbox_app.store.clock import database_now  # noqa: E402
+from outbox_app.store.gateway import streaming  # noqa: E402
 from outbox_app.store.lifecycle import InboxState, State  # noqa: E402
 
 VENDOR = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}[connection.vendor]
+#: The delivery engine judged (OUTBOX_ENGINE, or the database's default):
+#: "stream" (cursors; rows only for what needs attention) or "rows".
+ENGINE = "stream" if streaming() else "rows"
 DB_PORT = int(
     CONFIG.get("PORT") or (5432 if connection.vendor == "postgresql" else 3306)
 )
@@ -588,7 +682,7 @@ class Autovacuum:
         self.next = time.monotonic() + VACUUM_EVERY
         try:
             with connection.cursor() as cursor:
-                for model in (Delivery, OutboxEvent, Deposit, Effect):
+                for model in (Delivery, OutboxEvent, Cursor, Deposit, Effect):
                     cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
             self.runs += 1
         except DatabaseError:
@@ -1206,26 +1300,63 @@ class Writer(threading.Thread):
 # --- the run --------------------------------------------------------------------
 
 
-def backlog() -> tuple[int, int, int, int]:
-    """(events not fanned out, deliveries not SUCCEEDED, of which DEAD,
-    deliveries); the events the consumer (against RabbitMQ) has not handled
-    yet count as waiting."""
-    waiting = OutboxEvent.objects.awaiting_fanout().count()
+class Backlog(NamedTuple):
+    """What is still to deliver, as operators see it."""
+
+    #: Events written for row delivery not fanned out yet.
+    fanout: int
+    #: Events written for stream delivery some cursor has still to read
+    #: (``outbox_app.ops.streams.awaited``).
+    streams: int
+    #: Committed events ``soak.consumer`` has not handled yet (RabbitMQ).
+    inbox: int
+    #: Delivery rows not SUCCEEDED (FAILED, PENDING, RUNNING, DEAD, ...).
+    unfinished: int
+    #: Of which DEAD.
+    dead: int
+
+    @property
+    def waiting(self) -> int:
+        """Events no delivery row stands for yet: the fan-out's, the
+        streams', the inbox's."""
+        return self.fanout + self.streams + self.inbox
+
+    def drained(self) -> bool:
+        """Nothing waits and the only unfinished rows are DEAD."""
+        return self.waiting == 0 and self.unfinished == self.dead
+
+    def describe(self) -> str:
+        return (
+            f"waiting for fan-out {self.fanout:,}, in the streams {self.streams:,}"
+            + (f", for the inbox {self.inbox:,}" if ARGS.broker == "rabbitmq" else "")
+            + f", unfinished rows {self.unfinished:,}"
+        )
+
+
+def backlog() -> Backlog:
+    """The backlog now: events not fanned out (row delivery), events a
+    cursor has still to read (stream delivery), events ``soak.consumer``
+    (against RabbitMQ) has not handled yet, rows not SUCCEEDED and of which
+    DEAD."""
+    inbox = 0
     if ARGS.broker == "rabbitmq":
         events = OutboxEvent.objects.filter(event_type__isnull=False).count()
         handled = InboxMessage.objects.filter(
             consumer=CONSUMER, state=InboxState.HANDLED
         ).count()
-        waiting += max(0, events - handled)
+        inbox = max(0, events - handled)
     states = dict(
-        Delivery.objects.values_list("state").annotate(n=Count("id")).order_by()
+        Delivery.objects.exclude(state=State.SUCCEEDED)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
     )
-    total = sum(states.values())
-    return (
-        waiting,
-        total - states.get(State.SUCCEEDED, 0),
-        states.get(State.DEAD, 0),
-        total,
+    return Backlog(
+        fanout=OutboxEvent.objects.awaiting_fanout().count(),
+        streams=streams.awaited(),
+        inbox=inbox,
+        unfinished=sum(states.values()),
+        dead=states.get(State.DEAD, 0),
     )
 
 
@@ -1257,7 +1388,7 @@ def run(log_dir: Path) -> int:
     ]
     print(
         f"soak: {VENDOR} {CONFIG['NAME']} on port {DB_PORT}, {BROKER.describe()}; "
-        f"{ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
+        f"{ENGINE} delivery, {ARGS.relays} relays (lease {LEASE:g} s), {ARGS.writers} "
         f"writers at {ARGS.rate:g} events/s, {ARGS.seconds:g} s, faults every "
         f"~{ARGS.fault_every:g} s: {', '.join(ARGS.faults) or 'none'}"
         + (f", db-restart at {ARGS.restart_db_at:.0%}" if ARGS.restart_db_cmd else "")
@@ -1348,28 +1479,29 @@ def run(log_dir: Path) -> int:
 
 
 def progress(began: float, ledger: Ledger, chaos: Chaos) -> None:
-    waiting, unfinished, _, _ = patiently(backlog, (-1, -1, -1, -1))
+    state = patiently(backlog)
     print(
         f"  +{time.monotonic() - began:5.0f}s committed {len(ledger.committed):,}, "
         f"rolled back {len(ledger.rolled_back) + len(ledger.savepoint):,}, "
-        f"faults {sum(chaos.injected.values())}, waiting for fan-out {waiting:,}, "
-        f"unfinished deliveries {unfinished:,}",
+        f"faults {sum(chaos.injected.values())}, "
+        + (state.describe() if state else "the database does not answer"),
         flush=True,
     )
 
 
 def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
-    """Wait until every event is fanned out and every delivery finished
-    (or only DEAD ones are left). Gives up when the backlog has not shrunk
-    for ``--drain-timeout`` seconds. Returns (drained, the backlog when it
-    began: deliveries unfinished plus events waiting for fan-out)."""
+    """Wait until every event is fanned out or read by every cursor, the
+    inbox handled every one, and every delivery row finished (or only DEAD
+    ones are left). Gives up when the backlog has not shrunk for
+    ``--drain-timeout`` seconds. Returns (drained, the backlog when it
+    began: events waiting plus unfinished rows)."""
     timeout = ARGS.drain_timeout or 120 + 2 * LEASE
     state = None
     while state is None:
         state = patiently(backlog)
         if state is None:
             time.sleep(0.5)
-    start_backlog = state[0] + state[1]
+    start_backlog = state.waiting + state.unfinished
     best, best_at = start_backlog, time.monotonic()
     next_report = time.monotonic() + 10
     while time.monotonic() - best_at < timeout:
@@ -1377,15 +1509,14 @@ def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
         janitor.tick()
         state = patiently(backlog)
         if state is not None:
-            waiting, unfinished, expired, _ = state
-            if waiting == 0 and unfinished == expired:
+            if state.drained():
                 return True, start_backlog
-            if waiting + unfinished < best:
-                best, best_at = waiting + unfinished, time.monotonic()
+            if state.waiting + state.unfinished < best:
+                best, best_at = state.waiting + state.unfinished, time.monotonic()
             if time.monotonic() >= next_report:
                 print(
-                    f"  +{time.monotonic() - began:5.0f}s draining: waiting for "
-                    f"fan-out {waiting:,}, unfinished deliveries {unfinished:,}",
+                    f"  +{time.monotonic() - began:5.0f}s draining: "
+                    + state.describe(),
                     flush=True,
                 )
                 next_report += 10
@@ -1397,8 +1528,8 @@ def drain(chaos: Chaos, janitor: Autovacuum, began: float) -> tuple[bool, int]:
 
 def diagnose(chaos: Chaos) -> None:
     """Evidence of a soak that did not drain, in the log directory: each
-    relay's thread stacks (in its log), the database sessions and the
-    unfinished deliveries (``database.txt``)."""
+    relay's thread stacks (in its log), the database sessions, the unfinished
+    deliveries and each cursor's place (``database.txt``)."""
     for relay in chaos.relays:
         if relay.running():
             relay.dump_stacks()
@@ -1425,6 +1556,9 @@ def diagnose(chaos: Chaos) -> None:
         "WHERE state <> 'SUCCEEDED' GROUP BY subscriber, state"
     )
     with open(chaos.log_dir / "database.txt", "w") as out:
+        out.write("-- outbox_app.ops.streams.lag()\n")
+        for cursor in patiently(streams.lag, []):
+            out.write(f"{cursor}\n")
         for sql in queries:
             out.write(f"-- {sql}\n")
             try:
@@ -1471,36 +1605,42 @@ def check(ledger, chaos, relays, seen, timing) -> int:
             failures.append(f"{label}: {value}")
         return f"{value:,} (must be 0)"
 
-    events = {
-        e: (t, a, v)
-        for e, t, a, v in OutboxEvent.objects.values_list(
-            "id", "event_type", "aggregate_id", "aggregate_version"
-        ).iterator(chunk_size=5000)
-    }
-    committed = set(events)
+    # What the events are, and which engine each was written for (fanned_out
+    # NULL: stream delivery; FALSE/TRUE: row delivery).
+    occurred, written_for = {}, collections.Counter()
+    for event_id, at, fanned_out in OutboxEvent.objects.values_list(
+        "id", "occurred_at", "fanned_out"
+    ).iterator(chunk_size=5000):
+        occurred[event_id] = at
+        written_for["stream" if fanned_out is None else "rows"] += 1
+    committed = set(occurred)
+    other_engine = sum(n for engine, n in written_for.items() if engine != ENGINE)
     deposits = set(Deposit.objects.values_list("event_id", flat=True))
     effects = list(
         Effect.objects.order_by("id").values_list(
-            "handler", "event_id", "aggregate", "position", "previous"
+            "handler", "event_id", "aggregate", "position", "previous", "attempt", "at"
         )
     )
-    deliveries = collections.Counter(
+    # Deliveries as operators see them: the events each subscriber is done
+    # with (its SUCCEEDED rows, and what its cursors delivered with no row),
+    # and the rows, which stand only for what needed attention with stream
+    # delivery (every delivery with rows).
+    delivered = streams.delivered()
+    rows = collections.Counter(
         Delivery.objects.values_list("state", flat=True).iterator(chunk_size=5000)
     )
-    retried = Delivery.objects.filter(attempts__gt=1).count()
-    lags = collections.defaultdict(list)  # publish() -> SUCCEEDED, seconds
-    for subscriber, done, occurred in (
-        Delivery.objects.filter(state=State.SUCCEEDED)
-        .values_list("subscriber", "completed_at", "event__occurred_at")
-        .iterator(chunk_size=5000)
-    ):
-        lags[subscriber].append((done - occurred).total_seconds())
-    awaiting = OutboxEvent.objects.awaiting_fanout().count()
-    unfinished = (
-        awaiting
-        + sum(n for s, n in deliveries.items() if s != State.SUCCEEDED)
-        + max(0, len(committed) * len(SUBSCRIBERS) - sum(deliveries.values()))
-    )
+    by_row = rows.get(State.SUCCEEDED, 0)
+    by_stream = sum(len(ids) for ids in delivered.values()) - by_row
+    not_delivered = {s: len(committed - delivered.get(s, set())) for s in SUBSCRIBERS}
+    left = backlog()
+    unfinished = left.fanout + left.streams + left.unfinished
+    pages = event_pages(committed)
+    cursors = streams.lag()
+    cursors_waiting = sum(c["waiting"] for c in cursors)
+    cursors_held = sum(1 for c in cursors if c["held_by"])
+
+    lags, lag_texts = witnessed_lags(occurred, effects)
+    retried = retried_effects(effects)
 
     never = ledger.rolled_back | ledger.savepoint | ledger.aborted
     said_lost = ledger.committed - committed
@@ -1548,7 +1688,7 @@ def check(ledger, chaos, relays, seen, timing) -> int:
     print()
     print(
         f"soak {VENDOR} ({CONFIG['NAME']}, port {DB_PORT}), {BROKER.describe()}, "
-        f"{ARGS.relays} relays, "
+        f"{ENGINE} delivery, {ARGS.relays} relays, "
         f"lease {LEASE:g} s, {ARGS.writers} writers at {ARGS.rate:g} events/s, "
         f"{ARGS.seconds:g} s, seed {ARGS.seed}"
     )
@@ -1579,17 +1719,47 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         f"{logs['publisher pauses']}",
     )
     show(
-        "deliveries",
-        f"{sum(deliveries.values()):,} ({len(SUBSCRIBERS)} subscribers): "
-        f"SUCCEEDED {deliveries.get(State.SUCCEEDED, 0):,}, retried "
-        f"{retried:,}, DEAD {deliveries.get(State.DEAD, 0):,}",
+        "engine",
+        f"{ENGINE}: events written for it {written_for[ENGINE]:,}, for the "
+        "other " + must_be_zero("events written for the other engine", other_engine),
     )
-    for subscriber in SUBSCRIBERS:
+    show(
+        "deliveries",
+        f"{len(committed) * len(SUBSCRIBERS):,} ({len(SUBSCRIBERS)} subscribers): "
+        f"done {by_stream + by_row:,} (by stream {by_stream:,}, by a SUCCEEDED "
+        f"row {by_row:,}); not done "
+        + must_be_zero("deliveries not done", sum(not_delivered.values()))
+        + ": "
+        + ", ".join(f"{s} {n}" for s, n in not_delivered.items()),
+    )
+    show(
+        "  rows",
+        f"{sum(rows.values()):,}: "
+        + (", ".join(f"{s} {n:,}" for s, n in sorted(rows.items())) or "none")
+        + (" (what needed attention)" if ENGINE == "stream" else ""),
+    )
+    show(
+        "  retried",
+        ", ".join(f"{h} {n:,}" for h, n in retried.items())
+        + " (effects written by a later attempt)",
+    )
+    show(
+        "  cursors",
+        f"{len(cursors)}, held by a relay after they stopped {cursors_held}; "
+        "events waiting " + must_be_zero("events a cursor waits on", cursors_waiting),
+    )
+    show(
+        "  an event's deliveries",
+        f"{pages[0]:,} events' pages read; not delivered to each subscriber "
+        + must_be_zero("event pages not all delivered", pages[1]),
+    )
+    for subscriber in (*SUBSCRIBERS, *consumers):
         values = sorted(lags.get(subscriber) or [0.0])
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
         show(
             f"  lag, {subscriber}",
-            f"p50 {statistics.median(values):.1f} s, max {values[-1]:.1f} s "
-            "(publish() -> SUCCEEDED)",
+            f"p50 {statistics.median(values):.2f} s, p99 {p99:.2f} s, max "
+            f"{values[-1]:.2f} s (publish() -> {lag_texts[subscriber]})",
         )
     show("broker messages consumed", f"{sum(seen.values()):,}")
     if BROKER.summary():
@@ -1618,6 +1788,12 @@ def check(ledger, chaos, relays, seen, timing) -> int:
         + ": "
         + ", ".join(f"{h} {n}" for h, n in effect_dups.items()),
     )
+    if any(effect_dups.values()):
+        twice = {(h, e) for h, c in per_handler.items() for e, n in c.items() if n > 1}
+        chaos.note(
+            "effect duplicates: "
+            + write_duplicates(chaos.log_dir / "effect-duplicates.txt", twice)
+        )
     show(
         "effects missing",
         must_be_zero("effects missing", sum(effect_missing.values()))
@@ -1679,6 +1855,86 @@ def check(ledger, chaos, relays, seen, timing) -> int:
     return 0
 
 
+def write_duplicates(path: Path, twice: set[tuple]) -> str:
+    """Write every effect of the (handler, event id) pairs ``twice`` to
+    ``path`` (one line each: when, which relay process, which attempt), to
+    set beside the relays' logs and the fault timeline; what was written."""
+    fields = ("id", "handler", "event_id", "position", "previous", "attempt")
+    rows = [
+        row
+        for row in Effect.objects.order_by("id").values_list(*fields, "relay_pid", "at")
+        if (row[1], row[2]) in twice
+    ]
+    with open(path, "w") as out:
+        out.write("\t".join((*fields, "relay_pid", "at")) + "\n")
+        for row in rows:
+            out.write("\t".join(map(str, row)) + "\n")
+    return f"{len(rows)} effects of {len(twice)} deliveries in {path}"
+
+
+def event_pages(committed: set) -> tuple[int, int]:
+    """Each event's deliveries as its admin page shows them
+    (``outbox_app.ops.streams.event_deliveries``), for every committed event
+    (a seeded sample of :data:`PAGES` of them in a longer run): (events
+    read, events not shown delivered to every subscriber)."""
+    ids = sorted(committed)
+    if len(ids) > PAGES:
+        ids = sorted(random.Random(ARGS.seed).sample(ids, PAGES))
+    wanted = dict.fromkeys(SUBSCRIBERS, State.SUCCEEDED)
+    bad = 0
+    for start in range(0, len(ids), 500):
+        for event in OutboxEvent.objects.filter(id__in=ids[start : start + 500]):
+            bad += streams.event_deliveries(event) != wanted
+    return len(ids), bad
+
+
+def witnessed_lags(occurred: dict, effects: list[tuple]) -> tuple[dict, dict]:
+    """publish() -> the first witness of each event's delivery, in seconds,
+    by subscriber (and ``soak.consumer``), from the soak's own witnesses, so
+    the figures mean the same whichever engine delivered, with a row or
+    without: each handler's and the consumer's ``Effect`` row,
+    ``soak.callback``'s ``Sent`` row, and for ``soak.broker`` the soak's
+    first read of its message from the broker. Returns (lags, what each
+    measures)."""
+    first: dict = collections.defaultdict(dict)  # subscriber -> {event: at}
+    for handler, event_id, *_, at in effects:
+        if at is not None:
+            seen = first[handler].get(event_id)
+            first[handler][event_id] = at if seen is None else min(seen, at)
+    first[CALLBACK] = dict(Sent.objects.values_list("event_id", "at"))
+    # The soak's clock to the database's (occurred_at's): the same host's
+    # usually, and 0 then.
+    skew = database_now() - timezone.now()
+    for message_id, at in BROKER.received.items():
+        with contextlib.suppress(TypeError, ValueError):  # not an event's id
+            when = datetime.datetime.fromtimestamp(at, datetime.UTC) + skew
+            first[PUBLISHER][uuid.UUID(message_id)] = when
+    texts = {h: "effect written" for h in HANDLERS}
+    texts[CALLBACK] = "sent by its on_commit callback"
+    texts[PUBLISHER] = f"read from {BROKER.name} by the soak"
+    texts[CONSUMER] = f"effect written by manage.py consume, through {BROKER.name}"
+    lags = {
+        name: [
+            (at - occurred[e]).total_seconds() for e, at in ats.items() if e in occurred
+        ]
+        for name, ats in first.items()
+    }
+    return lags, texts
+
+
+def retried_effects(effects: list[tuple]) -> dict[str, int]:
+    """Effects written by an attempt after the first (a retry, whether its
+    row was written by a failure in the stream or claimed), by handler; and
+    ``soak.callback``'s sends."""
+    consumers = (CONSUMER,) if ARGS.broker == "rabbitmq" else ()
+    retried = collections.Counter({h: 0 for h in (*HANDLERS, *consumers)})
+    for handler, _, _, _, _, attempt, _ in effects:
+        if attempt > 1:
+            retried[handler] += 1
+    retried[CALLBACK] = Sent.objects.filter(attempt__gt=1).count()
+    return dict(retried)
+
+
 def order_violations(effects: list[tuple]) -> int:
     """Effects of the ordered handler written out of order: with ``previous``
     the aggregate's highest position committed when it ran, position p is in
@@ -1686,7 +1942,7 @@ def order_violations(effects: list[tuple]) -> int:
     when no effect of a higher position was written before it."""
     bad = 0
     top: dict[str, int] = {}
-    for _, _, aggregate, position, previous in effects:
+    for _, _, aggregate, position, previous, *_ in effects:
         if previous not in (position - 1, position) or top.get(aggregate, 0) > position:
             bad += 1
         top[aggregate] = max(top.get(aggregate, 0), position)

@@ -46,13 +46,17 @@ class KafkaBroker:
 
     ``seen`` counts the copies of each message id (the CloudEvent's ``id``;
     None for a record that is not a CloudEvent) read from :data:`TOPIC`,
-    across every start of tansu."""
+    across every start of tansu; ``received`` has when each id was first
+    read (``time.time()``, seconds): the broker's receipt, whichever
+    delivery engine sent it."""
 
     kinds = ("broker-restart",)
+    name = "Kafka"
 
     def __init__(self):
         self.tansu = Tansu()
         self.seen: collections.Counter = collections.Counter()
+        self.received: dict[str | None, float] = {}
         self.lock = threading.Lock()
         self.generation = 0  # tansu's starts; the consumer follows them
         self.last_read = time.monotonic()  # when the consumer last read a record
@@ -176,13 +180,15 @@ class KafkaBroker:
                     continue
                 generation = current
             messages = consumer.consume(1000, FETCH_WAIT_MS / 1000)
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             with self.lock:
                 for message in messages:
                     if message.error():
                         self.errors[f"read: {message.error().name()}"] += 1
                         continue
-                    self.seen[_event_id(message.value())] += 1
+                    event_id = _event_id(message.value())
+                    self.seen[event_id] += 1
+                    self.received.setdefault(event_id, wall)
                     self.last_read = now
                 self.last_poll = now
                 self.polled_generation = generation

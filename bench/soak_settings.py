@@ -12,7 +12,10 @@ has it, plus only what the soak needs.
   ``soak.events``, every other option at its default;
 - ``OUTBOX_LEASE_SECONDS`` from ``$SOAK_LEASE_SECONDS`` (seconds) when set
   (the ``--lease`` option: a stall past the lease then takes seconds, not a
-  minute); otherwise the default.
+  minute); otherwise the default;
+- ``OUTBOX_ENGINE`` from ``$OUTBOX_ENGINE`` when set (``stream`` or
+  ``rows``, the delivery engine the soak judges); otherwise the default:
+  stream delivery on PostgreSQL, rows on MySQL/MariaDB.
 
 Every other ``OUTBOX_*`` setting keeps its default. For diagnosis only, a
 process with these settings writes the stack of each of its threads to stderr
@@ -79,6 +82,8 @@ if os.environ.get("SOAK_KAFKA_SERVERS"):  # python -m bench.soak --broker kafka
     }
 if os.environ.get("SOAK_LEASE_SECONDS"):
     OUTBOX_LEASE_SECONDS = float(os.environ["SOAK_LEASE_SECONDS"])
+if os.environ.get("OUTBOX_ENGINE"):
+    OUTBOX_ENGINE = os.environ["OUTBOX_ENGINE"]
 
 # ``manage.py consume`` (the soak's consumer process, bench/soakapp/consumers.py)
 # reads the relays' exchange from the same vhost (not run against Kafka).

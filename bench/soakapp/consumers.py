@@ -13,6 +13,7 @@ undecodable while the rest flows on.
 import os
 
 from outbox_app import consumer
+from outbox_app.store.clock import database_now
 
 from .events import Deposited
 from .models import Effect
@@ -30,4 +31,5 @@ def consume(event: Deposited, context) -> None:
         position=context.aggregate_version,
         attempt=context.attempt,
         relay_pid=PID,
+        at=database_now(),
     )

@@ -1,7 +1,8 @@
 """Found by outbox_app's autodiscovery of each installed app's ``handlers``.
 
 Three database-only handlers of ``Deposited``, each writing one ``Effect`` row
-in the transaction that marks its delivery SUCCEEDED, then sleeping a
+(stamped with the database's clock) in the transaction that delivers it
+(marks its row SUCCEEDED, or moves its cursor past it), then sleeping a
 random time from 0 to twice ``$SOAK_HANDLER_SECONDS`` (default 0.002 s) with
 that transaction open:
 
@@ -36,6 +37,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from outbox_app import handler
+from outbox_app.store.clock import database_now
 
 from .events import Deposited
 from .models import Effect, Sent
@@ -55,6 +57,7 @@ def _record(name: str, event: Deposited, context, previous: int | None = None):
         previous=previous,
         attempt=context.attempt,
         relay_pid=PID,
+        at=database_now(),
     )
     time.sleep(random.uniform(0, 2 * HANDLER_SECONDS))
 
@@ -94,6 +97,8 @@ def callback(event: Deposited, context) -> None:
             raise ConnectionError(_failure("soak.callback's on_commit", context))
         # Sent already when a relay ran it before its lease ran out.
         with contextlib.suppress(IntegrityError):
-            Sent.objects.create(event_id=context.event_id, attempt=context.attempt)
+            Sent.objects.create(
+                event_id=context.event_id, attempt=context.attempt, at=database_now()
+            )
 
     transaction.on_commit(send)

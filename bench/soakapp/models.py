@@ -11,9 +11,10 @@ class Deposit(models.Model):
 
 
 class Effect(models.Model):
-    """A handler's database write, in the transaction that marks its
-    delivery SUCCEEDED. Deliberately no unique constraint: a second
-    delivery would add a second row, which the soak counts."""
+    """A handler's database write, in the transaction that delivers it (marks
+    its row SUCCEEDED, or moves its cursor past it). Deliberately no unique
+    constraint: a second delivery would add a second row, which the soak
+    counts."""
 
     handler = models.CharField(max_length=100)
     event_id = models.UUIDField()
@@ -24,6 +25,10 @@ class Effect(models.Model):
     previous = models.IntegerField(null=True)
     attempt = models.IntegerField()
     relay_pid = models.IntegerField()
+    #: When the handler wrote it, by the database's clock (as the event's
+    #: ``occurred_at``): the soak's witness of publish() -> handled, whichever
+    #: delivery engine ran it.
+    at = models.DateTimeField(null=True)
 
     class Meta:
         indexes = [
@@ -42,3 +47,5 @@ class Sent(models.Model):
 
     event_id = models.UUIDField(unique=True)
     attempt = models.IntegerField()
+    #: When the callback sent it, by the database's clock.
+    at = models.DateTimeField(null=True)
