@@ -29,7 +29,8 @@ from outbox_app.publishers.base import Publisher
 from outbox_app.relay.registry import get
 from outbox_app.store.lifecycle import State
 from tests import kit
-from tests.processes import free_port, spawn, wait_for
+from tests.kit import free_port
+from tests.processes import spawn, wait_for
 from tests.testapp.events import OrderPlaced, Step
 from tests.testapp.models import SideEffect
 
