@@ -327,6 +327,7 @@ def broker(args: argparse.Namespace) -> None:
     empty: list[float] = []
     meter = CpuMeter()
     cpu: dict[str, list[dict[str, float]]] = {"raw pika": [], "relay --once": []}
+    wal: list[float] = []
     for round_ in range(args.rounds):
         empty.append(start_up(**env))
         publish_backlog(args.events, **env)
@@ -345,9 +346,12 @@ def broker(args: argparse.Namespace) -> None:
                 publish_backlog(args.events, **env)
             rabbit.declare(EXCHANGE, QUEUE)
             meter.start()
+            lsn = wal_position()
             rates[name].append(args.events / relay_once(args.events, *extra, **env))
             if name in cpu:
                 cpu[name].append(meter.stop())
+                if lsn is not None:
+                    wal.append(wal_written(lsn) / args.events)
             queued = rabbit.count(QUEUE)
             assert queued == args.events, (name, queued)
         print_round(round_, rates)
@@ -367,10 +371,31 @@ def broker(args: argparse.Namespace) -> None:
         plot=args.plot,
     )
     print_cpu(cpu, args.events, medians, ("self", "relay", "database", "rabbitmq"))
+    if wal:
+        print(
+            f"WAL per event, relay --once (the whole cluster's, median): "
+            f"{statistics.median(wal):,.0f} bytes"
+        )
     ratio = medians["relay --once"] / medians["raw pika"]
     goal(f"relay --once >= 0.8x raw pika (is {ratio:.2f}x)", ratio >= 0.8)
     reset()
     rabbit.delete(EXCHANGE, QUEUE)
+
+
+def wal_position() -> str | None:
+    """PostgreSQL's current WAL position (None elsewhere)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn()::text")
+        return cursor.fetchone()[0]
+
+
+def wal_written(since: str) -> float:
+    """Bytes of WAL the whole cluster wrote since the position ``since``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [since])
+        return float(cursor.fetchone()[0])
 
 
 def print_round(round_: int, rates: dict[str, list[float]]) -> None:
