@@ -36,7 +36,7 @@ from .fanout import fan_out, recorded_types, subscribed_types
 from .handlers import run_handlers
 from .outcomes import RelayReport
 from .sending import PublisherRunner, pauses
-from .stream import Cursors, StreamBatch, streaming
+from .stream import Cursors, NotContiguous, StreamBatch, streaming
 
 logger = logging.getLogger("outbox_app.relay")
 
@@ -541,7 +541,12 @@ class _Turns:
         else:
             assert isinstance(subscriber, Handler)
             outcomes = batch.outcomes(self.report)
-            run_handlers(batch, subscriber, outcomes, self.stop, self.rng)
+            try:
+                run_handlers(batch, subscriber, outcomes, self.stop, self.rng)
+            except NotContiguous:
+                # Read past where the cursor stands (a batch before it broke
+                # off): its group rolled back, and is read again from there.
+                outcomes.handed_back(len(batch.contexts))
         return len(batch)
 
     def close(self) -> None:

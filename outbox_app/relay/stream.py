@@ -761,14 +761,16 @@ class StreamSettlement:
         """The group's transaction is gone, and with it its rows and the
         cursor's move: the cursor is where it was, its events are read
         again."""
+        hold = self.batch.hold
         if self._undo is not None:
-            hold = self.batch.hold
             hold.reading, hold.written, hold.ticked, aside = self._undo
-            self.batch.settled = hold.reading
-            hold.ahead = None
             for a in aside:
                 a.written = False
             self._undo = None
+        # The next batch is read from where the cursor stands, not from
+        # where this one's reading ahead had got to.
+        self.batch.settled = hold.reading
+        hold.ahead = None
 
     def lost(self, held: list[DeliveryContext]) -> None:
         """A group rolled back because the cursor's lease was lost: the
@@ -834,7 +836,7 @@ class StreamSettlement:
             return
         try:
             self._sent(delivered, outages, failures)
-        except _NotContiguous:
+        except NotContiguous:
             # Sent again once the cursor gets there (at least once).
             self.outcomes.handed_back(len(self.batch.contexts))
 
@@ -895,7 +897,7 @@ class StreamSettlement:
             # A batch before this one stopped short (an outage): the cursor
             # is not where this one began, and stays where it is.
             hold.ahead = None
-            raise _NotContiguous
+            raise NotContiguous
         # The lease follows the batch's clock (a test's, or the database's);
         # the rows are stamped with the database's.
         now, stamp = batch.clock(), self.outcomes.now()
@@ -966,7 +968,7 @@ class StreamSettlement:
         return written, later
 
 
-class _NotContiguous(Exception):
+class NotContiguous(Exception):
     """A batch's outcome arrives after one before it stopped short."""
 
 
