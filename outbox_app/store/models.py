@@ -45,6 +45,12 @@ class TransactionIdField(models.BigIntegerField):
     def db_type(self, connection):
         return dialect_of(connection).transaction_id_type or super().db_type(connection)
 
+    def get_placeholder(self, value, compiler, connection) -> str:
+        """A value written back (a row copied with ``save()``) reaches an
+        ``xid8`` column as text: PostgreSQL casts no integer to it."""
+        kind = dialect_of(connection).transaction_id_type
+        return f"%s::text::{kind}" if kind else "%s"
+
 
 class CurrentTransactionId(models.Func):
     """The writing transaction's id as a column default: PostgreSQL's

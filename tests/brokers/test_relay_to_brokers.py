@@ -213,7 +213,9 @@ def test_a_ten_minute_outage_expires_nothing(rabbitmq, proxy, settings, unique):
     assert not Delivery.objects.filter(attempts__gt=0).exists()
     proxy.restore()
     end = start + datetime.timedelta(seconds=600 + 60)
-    assert deliver(kind="publisher", now=end).succeeded == 120
+    # Delivered by the next turns (stream delivery's first one resends the
+    # batch it read before the outage).
+    assert sum(deliver(kind="publisher", now=end).succeeded for _ in range(3)) == 120
     ids = [m.properties["message_id"] for m in rabbitmq.drain(queue)]
     assert sorted(ids) == sorted(str(r.id) for r in published)
     assert kit.states("bus") == {State.SUCCEEDED: 120}
@@ -328,7 +330,7 @@ def test_two_relays_20000_events__none_twice_none_lost(rabbitmq, settings, uniqu
     relays = [publisher_relay(options, batch_size=500) for _ in range(2)]
     try:
         wait_for(
-            lambda: Delivery.objects.filter(state=State.SUCCEEDED).count() == total,
+            lambda: kit.succeeded() == total,
             300,
             "two relays to deliver everything",
         )

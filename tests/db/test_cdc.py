@@ -9,9 +9,11 @@ PostgreSQL connector reads with ``pgoutput``):
 
 - every published event is one INSERT carrying every column; an action's
   sentinel is an INSERT with a NULL ``event_type`` (a connector filters it);
-- fan-out, delivery, requeue and replay write no INSERT and no DELETE on the
-  outbox table, only one UPDATE per event that flips ``fanned_out`` (an outbox
-  router ignores updates);
+- with stream delivery, delivery, requeue and replay never write the outbox
+  table again: an event row is written once and never updated;
+- with row delivery, fan-out, delivery, requeue and replay write no INSERT and
+  no DELETE on the outbox table, only one UPDATE per event that flips
+  ``fanned_out`` (an outbox router ignores updates);
 - purge's DELETEs are the only deletes, of the rows it purged.
 
 Each test decodes through its own temporary replication slot (dropped at the
@@ -219,9 +221,8 @@ def test_each_published_event_is_one_insert_with_every_column(wal):
         row.id for row in rows.values()
     )
     for change in changes:
-        # Every column, with the value the table holds (delivered: false).
+        # Every column, with the value the table holds.
         assert change.row == wal.row_as_text(change.id)
-        assert change.row["fanned_out"] == "false"
     inserted = {change.id: change.row for change in changes}
     a = inserted[rows["a"].id]
     assert (a["event_type"], a["aggregate_type"], a["aggregate_id"]) == (
@@ -240,6 +241,30 @@ def test_each_published_event_is_one_insert_with_every_column(wal):
     assert [row for row in inserted.values() if row["event_type"] is None] == [sentinel]
 
 
+@pytest.mark.engine("stream")
+def test_stream_delivery_requeue_replay_and_purge_write_no_event_row(wal, handlers):
+    handlers("record")  # recorded first: their cursors start before the events
+    handlers("broken")  # fails every time: FAILED, then requeued
+    rows = publish_world()
+    assert {change.op for change in wal.changes()} == {"INSERT"}
+
+    relay_once()
+    assert Delivery.objects.filter(subscriber="broken").dead_letter() == 3
+    assert Delivery.objects.apply("requeue") == 3
+    relay_once()  # the requeued deliveries fail again
+    assert replay_to(OutboxEvent.objects.all(), "record_a").created == 3
+    relay_once()  # the replayed ones succeed again
+    assert wal.changes() == []
+
+    Delivery.objects.all().delete()  # the rows that held their events back
+    later = timezone.now() + datetime.timedelta(minutes=1)
+    purge(0, pause_ratio=0, busy_pause_ratio=0, now=later)
+    changes = wal.changes()
+    assert {change.op for change in changes} == {"DELETE"}, changes
+    assert {change.id for change in changes} == {row.id for row in rows.values()}
+
+
+@pytest.mark.engine("rows")
 def test_fan_out_delivery_requeue_and_replay_only_flip_fanned_out(wal, handlers):
     rows = publish_world()
     inserted = {change.id: change.row for change in wal.changes()}
@@ -268,6 +293,7 @@ def test_fan_out_delivery_requeue_and_replay_only_flip_fanned_out(wal, handlers)
     ).exists()
 
 
+@pytest.mark.engine("rows")
 def test_purge_deletes_are_the_only_deletes(wal, handlers):
     rows = publish_world()
     handlers("record")

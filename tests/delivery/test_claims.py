@@ -41,6 +41,7 @@ def held(row_id: int):
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")  # a delivery row's claim
 def test_a_locked_head_is_skipped_and_does_not_promote_the_next_row():
     with transaction.atomic():
         for position in range(3):

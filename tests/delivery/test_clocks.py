@@ -207,6 +207,7 @@ def test_sqlite_has_the_process_clock(skew, vendor):
 
 
 @skewed_databases
+@pytest.mark.engine("rows")  # a row's lease; a cursor's: below
 def test_a_relay_ahead_takes_over_no_lease_that_has_not_run_out(skew, registered):
     runs = []
 
@@ -227,6 +228,7 @@ def test_a_relay_ahead_takes_over_no_lease_that_has_not_run_out(skew, registered
 
 
 @skewed_databases
+@pytest.mark.engine("rows")  # a row's lease; a cursor's: below
 def test_a_relay_behind_writes_leases_by_the_databases_clock(skew, registered):
     @registered(OrderPlaced, name="clock.behind")
     def behind(event, context):
@@ -253,12 +255,37 @@ def test_a_relay_ahead_delivers_no_scheduled_event_early(skew, registered):
 
     place(1, deliver_at=datetime.timedelta(seconds=30))
     skew(90)
-    report = relay_once()
-    assert (report.fanned_out, report.succeeded) == (1, 0)
+    assert relay_once().succeeded == 0
     assert seen == []
+    assert relay_once(now=true_now() + MINUTE).succeeded == 1
+    assert seen == [0]
+
+
+@pytest.mark.engine("stream")
+@pytest.mark.only_database("postgresql")  # SQLite's clock is the process's
+def test_a_relay_ahead_takes_over_no_cursor_lease_that_has_not_run_out(
+    skew, registered
+):
+    from outbox_app.relay.stream import Cursors
+
+    runs = []
+
+    @registered(OrderPlaced, name="clock.cursor")
+    def runs_of(event, context):
+        runs.append(context.event_id)
+
+    place(3)
+    # Another relay holds the subscriber's cursors for a minute by the
+    # database's clock.
+    assert Cursors("default", "elsewhere:1").of(get("clock.cursor"), database_now())
+    skew(90)  # past the 60 s lease by this host's clock
+    assert relay_once().claimed == 0
+    assert runs == []
+    assert relay_once(now=database_now() + 2 * MINUTE).succeeded == 3
 
 
 @skewed_databases
+@pytest.mark.engine("rows")  # what a delivery row stores
 @pytest.mark.parametrize("seconds", [90, -90])
 def test_what_a_skewed_relay_stores_is_by_the_databases_clock(
     skew, registered, seconds
@@ -285,6 +312,7 @@ def test_what_a_skewed_relay_stores_is_by_the_databases_clock(
 
 
 @skewed_databases
+@pytest.mark.engine("rows")  # fanned-out rows, retried and requeued
 @pytest.mark.parametrize("seconds", [90, -90])
 def test_operator_actions_on_a_skewed_host_use_the_databases_clock(skew, seconds):
     from outbox_app.publishers.kombu import _ttl

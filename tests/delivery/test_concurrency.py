@@ -23,6 +23,7 @@ from tests.testapp.events import Step
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.engine("rows")  # claims of rows side by side
 @pytest.mark.slow
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
 def test_ordered_claims_side_by_side_never_fail(registered):

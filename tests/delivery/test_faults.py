@@ -70,6 +70,7 @@ def steal(subscriber, expected: int, seconds: float = 3600) -> int:
 
 @pytest.mark.slow
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_a_relay_frozen_inside_fan_out_stops_no_other_relay(handlers, tmp_path):
     handlers("record")
     early = place(50)
@@ -171,6 +172,7 @@ def test_ordered_delivery_keeps_versions_in_order_across_fan_out_batches(
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
     settings.OUTBOX_LEASE_SECONDS = 1.0
     calls, stolen = [], []
@@ -193,6 +195,7 @@ def test_a_handler_batch_whose_lease_was_taken_stops(registered, settings):
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_a_handler_with_callbacks_whose_lease_was_taken_commits_nothing(
     registered, settings
 ):
@@ -219,6 +222,7 @@ def test_a_handler_with_callbacks_whose_lease_was_taken_commits_nothing(
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_a_batch_claimed_ahead_whose_lease_ran_out_is_not_run(registered, settings):
     settings.OUTBOX_LEASE_SECONDS = 1.0
     calls, stolen = [], []
@@ -241,6 +245,7 @@ def test_a_batch_claimed_ahead_whose_lease_ran_out_is_not_run(registered, settin
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_a_publisher_batch_whose_lease_ran_out_is_not_sent(settings):
     settings.OUTBOX_LEASE_SECONDS = 1.0
     sent, stolen = [], []
@@ -359,6 +364,7 @@ def test_a_replayed_row_of_an_event_not_fanned_out_is_claimed_once(registered):
 
 
 @skipUnlessDBFeature("has_select_for_update_skip_locked")
+@pytest.mark.engine("rows")
 def test_no_batch_is_claimed_ahead_for_a_paused_publisher(registered):
     """Found by the soak: under a handler backlog, the next turn's batch was
     claimed ahead for a paused publisher and handed back at every iteration
