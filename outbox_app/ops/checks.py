@@ -369,7 +369,7 @@ def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
     an alias on a database outbox_app has no dialect for is left alone)."""
     from django.db import connections
 
-    from ..store.sql import DIALECTS
+    from ..store.sql import dialect_if_supported
 
     if outbox_settings.raw("CELERY_WAKE") is not True:
         return []
@@ -383,7 +383,7 @@ def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
             id="outbox.W003",
         )
         for alias in connections
-        if (found := DIALECTS.get(connections[alias].vendor)) and found.single_writer
+        if (found := dialect_if_supported(alias)) and found.single_writer
     ]
 
 
@@ -394,20 +394,20 @@ def check_stream_engine(app_configs=None, **kwargs) -> list[checks.CheckMessage]
     rows anyway, unlike the setting says."""
     from django.db import connections
 
-    from ..store.sql import DIALECTS
+    from ..store.sql import dialect_if_supported
 
     if outbox_settings.raw("ENGINE") != "stream":
         return []
     return [
         checks.Error(
             f"OUTBOX_ENGINE is 'stream' but database {alias!r} is "
-            f"{connections[alias].vendor}, which has no stream delivery.",
+            f"{found.vendor}, which has no stream delivery.",
             hint="Leave OUTBOX_ENGINE unset (None): stream where the database "
             "can, rows elsewhere; or set it to 'rows'.",
             id="outbox.E031",
         )
         for alias in connections
-        if (found := DIALECTS.get(connections[alias].vendor)) and found.stream is None
+        if (found := dialect_if_supported(alias)) and found.stream is None
     ]
 
 

@@ -49,7 +49,7 @@ from ..subscribers import DeliveryContext
 from .db import reissued_on_deadlock
 from .lifecycle import State
 from .sql import Dialect, dialect
-from .sql.base import EVENT_COLUMNS
+from .tables import EVENT_COLUMNS
 
 #: No byte budget: larger than any batch's payloads.
 UNBOUNDED = 2**62

@@ -33,7 +33,7 @@ from .lifecycle import (
     State,
     transition,
 )
-from .sql.base import COPIED_COLUMNS
+from .tables import COPIED_COLUMNS
 
 
 class OutboxEventQuerySet(QuerySet):
@@ -101,7 +101,7 @@ class DeliveryQuerySet(QuerySet):
         scheduled event's at its ``deliver_at``), for each event of ``events``
         that has none yet: one ``INSERT ... SELECT``.
 
-        The event's columns fan-out copies (``sql.base.COPIED_COLUMNS``; ``id`` into
+        The event's columns fan-out copies (``tables.COPIED_COLUMNS``; ``id`` into
         ``event_id``); every other column takes the model's default. Returns
         rows created.
         """
@@ -538,10 +538,12 @@ class SubscriptionQuerySet(QuerySet):
         before stream delivery was turned on) starts at the earliest event
         kept: none written since is missed."""
         from .gateway import streaming
-        from .models import Cursor
 
         if streaming(self.db):
-            Cursor.objects.using(self.db).ensure(subscribers, now=now)
+            cursor = self.model._meta.apps.get_model(
+                self.model._meta.app_label, "Cursor"
+            )
+            cursor.objects.using(self.db).ensure(subscribers, now=now)
 
     def _seen(self, rows, key: list[str], worker, now, heartbeat) -> None:
         """Insert the missing ``rows`` (a retired row stays retired); refresh
@@ -678,10 +680,11 @@ class CursorQuerySet(QuerySet):
         return created
 
     def _recorded_before(self, name: str, now: datetime.datetime | None) -> bool:
-        from .models import Subscription
-
+        subscription = self.model._meta.apps.get_model(
+            self.model._meta.app_label, "Subscription"
+        )
         return (
-            Subscription.objects.using(self.db)
+            subscription.objects.using(self.db)
             .filter(subscriber=name, first_seen_at__lt=now or database_now(self.db))
             .exists()
         )

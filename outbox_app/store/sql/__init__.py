@@ -4,8 +4,10 @@ statements, values across the DB-API, the driver's errors, the schema's
 special parts) and one module per database holds what differs there
 (``postgresql.py``, ``mysql.py`` for MySQL and MariaDB, ``sqlite.py``).
 
-:func:`dialect` chooses a database alias's class once; the rest of the app
-asks it, never which database it is on.
+:func:`dialect` chooses a database alias's class once and gives it the
+outbox's tables by name (:class:`~outbox_app.store.tables.Tables`, read from
+the models: this package imports none of them); the rest of the app asks
+it, never which database it is on.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ import functools
 from django.db import connections
 
 from ...exceptions import UnsupportedDatabase
+from ..tables import Tables
 from .base import PRIMARY_KEY, Dialect
 from .mysql import MySQLDialect
 from .postgresql import PostgreSQLDialect
 from .sqlite import SQLiteDialect
 
-__all__ = ["DIALECTS", "PRIMARY_KEY", "Dialect", "dialect", "dialect_of"]
+__all__ = [
+    "DIALECTS",
+    "PRIMARY_KEY",
+    "Dialect",
+    "dialect",
+    "dialect_if_supported",
+    "dialect_of",
+]
 
 #: The :class:`Dialect` of each ``connection.vendor`` outbox_app runs on.
 DIALECTS: dict[str, type[Dialect]] = {
@@ -38,6 +48,15 @@ def dialect(alias: str) -> Dialect:
             MySQL/MariaDB and SQLite.
     """
     return _dialect(alias, connections[alias].vendor)
+
+
+def dialect_if_supported(alias: str) -> Dialect | None:
+    """:func:`dialect` of ``alias``, or None where outbox_app has no dialect
+    for its database (what a system check leaves alone)."""
+    try:
+        return dialect(alias)
+    except UnsupportedDatabase:
+        return None
 
 
 def dialect_of(connection) -> Dialect:
@@ -59,4 +78,4 @@ def _dialect(alias: str, vendor: str) -> Dialect:
             f"database {alias!r} is {vendor}; outbox_app runs on PostgreSQL, "
             "MySQL/MariaDB and SQLite"
         ) from None
-    return cls(alias)
+    return cls(alias, Tables.of_models())

@@ -17,9 +17,8 @@ import datetime
 import functools
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.db import connections, models
 from django.utils import timezone
@@ -28,44 +27,7 @@ from django.utils.dateparse import parse_datetime
 from ...events.codec import loads
 from ...subscribers import WILDCARD
 from ..lifecycle import CLAIMABLE, UNFINISHED, State
-
-if TYPE_CHECKING:
-    from ..db import FilteredIndex
-
-#: The event columns a delivery reads (DeliveryContext), in its order.
-EVENT_COLUMNS = (
-    "id",
-    "namespace",
-    "event_type",
-    "revision",
-    "payload",
-    "aggregate_type",
-    "aggregate_id",
-    "aggregate_version",
-    "headers",
-    "tenant_id",
-    "action_id",
-    "occurred_at",
-    "deliver_at",
-    "expires_at",
-    "operation",
-    "payload_bytes",
-)
-
-#: The event columns fan-out copies onto each delivery, here and in
-#: ``DeliveryQuerySet.create_for`` (``id`` becomes ``event_id``); a batch of
-#: events awaiting fan-out is read with these, unless it is claimed at once.
-COPIED_COLUMNS = [
-    "id",
-    "event_type",
-    "aggregate_type",
-    "aggregate_id",
-    "aggregate_version",
-    "tenant_id",
-    "deliver_at",
-    "position",
-    "payload_bytes",
-]
+from ..tables import Tables
 
 #: A subscription (``s``) of an event of the batch (``b``): its type, or every type.
 SUBSCRIBED = f"s.event_type = '{WILDCARD}' OR s.event_type = b.event_type"
@@ -152,17 +114,14 @@ class Dialect:
     notifies = False
     insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
 
-    def __init__(self, alias: str):
-        # Imported here: the models import FilteredIndex from store.db, which
-        # imports this package.
-        from ..models import Cursor, Delivery, OutboxEvent, Subscription
-
+    def __init__(self, alias: str, tables: Tables):
         self.alias = alias
+        self.tables = tables
         self.quote_char = connections[alias].ops.quote_name("x")[0]
-        self.n = self.quote(Delivery._meta.db_table)
-        self.e = self.quote(OutboxEvent._meta.db_table)
-        self.s = self.quote(Subscription._meta.db_table)
-        self.c = self.quote(Cursor._meta.db_table)
+        self.n = self.quote(tables.delivery)
+        self.e = self.quote(tables.event)
+        self.s = self.quote(tables.subscription)
+        self.c = self.quote(tables.cursor)
         self.claimable = _states(CLAIMABLE)
         self.unfinished = _states(UNFINISHED)
         # The partial index spells it NOT "fanned_out" (SQLite matches the text).
@@ -278,9 +237,10 @@ class Dialect:
         (0 for NULL)."""
         return f"COALESCE(length(CAST({column} AS BLOB)), 0)"
 
-    def filtered_index(self, index: FilteredIndex) -> models.Index | None:
-        """The index ``index`` creates here: a partial index (PostgreSQL,
-        SQLite)."""
+    def filtered_index(self, index) -> models.Index | None:
+        """The index ``index`` (a ``store.db.FilteredIndex``: ``fields``,
+        ``name``, ``when``, ``fallback_prefix``) creates here: a partial
+        index (PostgreSQL, SQLite)."""
         return models.Index(fields=index.fields, name=index.name, condition=index.when)
 
     #: A statement that does nothing: what a schema change writes for an index
@@ -344,7 +304,7 @@ class Dialect:
     def _read(self, where: str) -> str:
         """Claimed deliveries (``c``) with the event columns a delivery
         reads, in delivery id order."""
-        columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        columns = ", ".join(f"e.{c}" for c in self.tables.event_columns)
         return (
             f"SELECT c.id, c.attempts, c.subscriber, {columns} FROM {self.n} c "
             f"JOIN {self.e} e ON e.id = c.event_id WHERE {where} ORDER BY c.id"
@@ -391,12 +351,32 @@ class Dialect:
             "WHERE retired_at IS NULL"
         )
 
-    @staticmethod
-    def _delivery_row(claiming: bool) -> tuple[str, str]:
+    def _copied(self, e: str) -> dict[str, str]:
+        """The event's (``e``) copied columns (:attr:`Tables.copied_columns
+        <outbox_app.store.tables.Tables.copied_columns>`), by the delivery
+        column each fills: ``id`` fills ``event_id``."""
+        return {
+            ("event_id" if name == "id" else name): f"{e}.{name}"
+            for name in self.tables.copied_columns
+        }
+
+    def _with_defaults(self, row: dict[str, str]) -> tuple[str, str]:
+        """``row`` (delivery column -> its value, as SQL) and every other
+        column of the deliveries' table at its model field's default
+        (:attr:`Tables.delivery_defaults
+        <outbox_app.store.tables.Tables.delivery_defaults>`), as an INSERT
+        spells them: ``(columns, values)``."""
+        row = dict(row)
+        for column, default in self.tables.delivery_defaults.items():
+            if column not in row:
+                row[column] = _literal(default)
+        return ", ".join(row), ", ".join(row.values())
+
+    def _delivery_row(self, claiming: bool) -> tuple[str, str]:
         """The columns fan-out inserts and their values, as SQL, for an event
         of the batch (``b``) and a subscription (``s``): ``(columns, values)``.
 
-        The event's :data:`COPIED_COLUMNS`, the subscriber, the state and lease
+        The event's copied columns, the subscriber, the state and lease
         columns a claim sets (when ``claiming``: on the rows of the claiming
         relay's own subscriber, parameters the lease's time, holder and
         token), the due time and ``created_at``/``updated_at`` (parameters),
@@ -408,10 +388,7 @@ class Dialect:
         # only times still ahead), so the claim's index orders them by it; they
         # are never claimed here, as they are created.
         due = "COALESCE(b.deliver_at, %s)"
-        row = {
-            ("event_id" if name == "id" else name): f"b.{name}"
-            for name in COPIED_COLUMNS
-        }
+        row = self._copied("b")
         row["subscriber"] = "s.name"
         if claiming:
             mine = "CASE WHEN s.claimed = 1 AND b.deliver_at IS NULL THEN"
@@ -426,12 +403,7 @@ class Dialect:
         else:
             row["next_retry_at"] = due
         row.update(created_at="%s", updated_at="%s")
-        delivery = apps.get_model("outbox_app", "Delivery")
-        for field in delivery._meta.concrete_fields:
-            if not field.primary_key and field.attname not in row:
-                row[field.attname] = _literal(field.get_default())
-        columns = ", ".join(delivery._meta.get_field(name).column for name in row)
-        return columns, ", ".join(row.values())
+        return self._with_defaults(row)
 
     @functools.cache  # noqa: B019 (one instance per database, kept for the process)
     def fan_out(self, type_count: int | None, paged: bool, claiming: bool):
@@ -450,7 +422,7 @@ class Dialect:
         # without locks, within its budget, and only those events are locked.
         lock_later = claiming and bool(lock)
         select = self._batch(
-            where, COPIED_COLUMNS, claiming, "" if lock_later else lock
+            where, self.tables.copied_columns, claiming, "" if lock_later else lock
         )
         pairs = self._subscriptions(claiming)
         columns, values = self._delivery_row(claiming)
@@ -667,7 +639,9 @@ class Dialect:
         order, within a byte budget; one row per event, or one row of NULLs
         when there is none, each led by the tick read (:meth:`_tick_value`).
 
-        Columns: the tick, ``position``, :data:`EVENT_COLUMNS`, ``held`` (with
+        Columns: the tick, ``position``, the event columns
+        (:attr:`Tables.event_columns
+        <outbox_app.store.tables.Tables.event_columns>`), ``held`` (with
         ``held``: an unfinished delivery of the event's aggregate waits under
         one of ``held`` subscriber names, or an earlier event of it awaits row
         delivery's fan-out, so an ordered subscriber's event waits behind
@@ -682,7 +656,8 @@ class Dialect:
         byte budget.
         """
         e, n = self.e, self.n
-        columns = ["e.position", *(f"e.{c}" for c in EVENT_COLUMNS)]
+        event_columns = self.tables.event_columns
+        columns = ["e.position", *(f"e.{c}" for c in event_columns)]
         if held is not None:
             # An unfinished row of its aggregate, or an earlier event of it
             # written for row delivery and not fanned out yet (an upgrade's).
@@ -722,7 +697,7 @@ class Dialect:
             "(ORDER BY k.position) AS n, COUNT(*) OVER () AS candidates "
             f"FROM ({candidates}) k"
         )
-        names = ["position", *EVENT_COLUMNS] + (["held"] if held is not None else [])
+        names = ["position", *event_columns] + (["held"] if held is not None else [])
         within = (
             f"SELECT {', '.join(f'w.{c}' for c in names)}, w.candidates "
             f"FROM ({budget}) w WHERE w.running <= %s OR w.n <= 1"
@@ -894,7 +869,7 @@ class Dialect:
     def divert(self, returning: bool) -> str:
         """Insert the delivery row of one event stream delivery passes without
         delivering it (the ``divert`` transition): the event's
-        :data:`COPIED_COLUMNS`, then :data:`DIVERTED` (parameters, in that
+        copied columns, then :data:`DIVERTED` (parameters, in that
         order), every other column at its model field's default; an existing
         ``(event, subscriber)`` row is left alone. The last parameter: the
         event's id. ``returning``: the new row's id comes back."""
@@ -905,21 +880,11 @@ class Dialect:
     def divert_from(self, source: str) -> str:
         """:meth:`divert` of every event (``e``) ``source`` (a ``FROM ...``
         clause) selects: :data:`DIVERTED`'s parameters, then ``source``'s."""
-        row = {
-            ("event_id" if name == "id" else name): f"e.{name}"
-            for name in COPIED_COLUMNS
-        }
+        row = self._copied("e")
         row.update((name, "%s") for name in self.DIVERTED)
-        delivery = apps.get_model("outbox_app", "Delivery")
-        for field in delivery._meta.concrete_fields:
-            if not field.primary_key and field.attname not in row:
-                row[field.attname] = _literal(field.get_default())
-        columns = ", ".join(delivery._meta.get_field(name).column for name in row)
+        columns, values = self._with_defaults(row)
         prefix, suffix = self.insert_ignore
-        return (
-            f"{prefix} {self.n} ({columns}) SELECT {', '.join(row.values())} "
-            f"{source}{suffix}"
-        )
+        return f"{prefix} {self.n} ({columns}) SELECT {values} {source}{suffix}"
 
     def unread(self, type_count: int | None) -> str:
         """``FROM ... WHERE ...``: the events written for stream delivery

@@ -14,8 +14,6 @@ from ...conf import outbox_settings
 from ..lifecycle import State
 from .base import (
     CLAIM_ASSIGN,
-    COPIED_COLUMNS,
-    EVENT_COLUMNS,
     PRIMARY_KEY,
     SUBSCRIBED,
     Dialect,
@@ -147,7 +145,10 @@ class PostgreSQLDialect(Dialect):
         it was flipped, then the claimed delivery's columns or NULLs."""
         n, e = self.n, self.e
         where = self._awaiting(type_count, paged)
-        columns = [*EVENT_COLUMNS, "position"] if claiming else COPIED_COLUMNS
+        tables = self.tables
+        columns = (
+            [*tables.event_columns, "position"] if claiming else tables.copied_columns
+        )
         select = self._batch(where, columns, claiming, " FOR UPDATE SKIP LOCKED")
         pairs = self._subscriptions(claiming)
         inserted, values = self._delivery_row(claiming)
@@ -171,7 +172,7 @@ class PostgreSQLDialect(Dialect):
         matched = "b.id IN (SELECT id FROM flipped)"
         if not claiming:
             return statement + f"SELECT b.id, {matched} FROM b ORDER BY b.id"
-        event_columns = ", ".join(f"b.{c}" for c in EVENT_COLUMNS)
+        event_columns = ", ".join(f"b.{c}" for c in tables.event_columns)
         return (
             statement + f"SELECT b.id, {matched}, c.id, c.attempts, c.subscriber, "
             f"{event_columns} FROM b LEFT JOIN created c ON c.event_id = b.id "
@@ -184,7 +185,7 @@ class PostgreSQLDialect(Dialect):
         LOCKED``), updated and read with their events (``UPDATE ...
         RETURNING`` joined to the events)."""
         candidates = self.claim_ids(names, ordered, types if ordered else None)
-        event_columns = ", ".join(f"e.{c}" for c in EVENT_COLUMNS)
+        event_columns = ", ".join(f"e.{c}" for c in self.tables.event_columns)
         # = ANY(ARRAY(...)): the candidates become one array, computed once,
         # and the update finds its rows by primary key; as "IN (SELECT ...)"
         # PostgreSQL may hash-join a sequential scan of the whole table.

@@ -9,6 +9,7 @@ import re
 
 from django.db import connections, models
 
+from ..tables import Tables
 from .base import CLAIM_ASSIGN, PRIMARY_KEY, Dialect
 
 
@@ -17,8 +18,8 @@ class SQLiteDialect(Dialect):
     single_writer = True
     stream = "position"
 
-    def __init__(self, alias: str):
-        super().__init__(alias)
+    def __init__(self, alias: str, tables: Tables):
+        super().__init__(alias, tables)
         version = connections[alias].Database.sqlite_version_info
         self.update_returning = version >= (3, 35)
 
