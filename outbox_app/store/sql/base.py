@@ -64,7 +64,9 @@ def _states(states: Sequence[str]) -> str:
 class Dialect:
     """What outbox_app's own SQL needs to know about one database (alias
     ``alias``): its capabilities, the text of the relay's statements, how
-    values cross the DB-API and how its driver reports errors.
+    values cross the DB-API and how its driver reports errors. The
+    statements name the tables and columns ``tables`` gives
+    (:class:`~outbox_app.store.tables.Tables`): a dialect imports no model.
 
     Attributes (set by each database's subclass):
         vendor: ``connection.vendor``.
