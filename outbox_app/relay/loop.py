@@ -518,6 +518,9 @@ class _Turns:
             self.cursors.stream.dialect.own_events() is not None
             and connections[self.using].in_atomic_block
         )
+        runner = self.runners.get(subscriber)
+        if runner is not None and self.cursors.may_hand_back(subscriber):
+            runner.finish()
         for hold in self.cursors.of(subscriber, self.clock()):
             for read in (StreamBatch.read_own,) * own + (StreamBatch.read,):
                 if self.stop.is_set():

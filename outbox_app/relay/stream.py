@@ -31,6 +31,7 @@ nothing for it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -128,7 +129,9 @@ class Cursors:
     it: each takes up to its fair share, the partitions divided by the relays
     holding a live lease on one (itself included). A relay short of its share
     takes free or expired cursors first, then asks for one of the relay
-    holding the most (``wanted_by``); that relay sees the request when it
+    holding the most (``wanted_by``) while that relay holds at least two more
+    than it (so one cursor does not go to and fro between two relays); that
+    relay sees the request when it
     next moves the cursor (its lease renewal, when idle) and hands it back
     after that batch, so a partition changes hands only between batches and
     its events stay in order. A relay holding more than its share hands the
@@ -196,6 +199,17 @@ class Cursors:
         self.holds[name] = holds
         return holds
 
+    def may_hand_back(self, subscriber: Subscriber) -> bool:
+        """Whether :meth:`of` may hand back a cursor of ``subscriber`` now
+        (another relay asked for it, it is drained, or the share is looked at
+        again): a batch sent from it and not recorded yet is recorded first,
+        or the next holder would send it again."""
+        holds = [h for h in self.holds.get(subscriber.name, []) if not h.lost]
+        due = self._tried.get(subscriber.name, -TAKE_RETRY_SECONDS) + TAKE_RETRY_SECONDS
+        return bool(holds) and (
+            any(h.wanted or h.drained for h in holds) or time.monotonic() >= due
+        )
+
     def _share(
         self, subscriber: Subscriber, holds: list[Hold], now: datetime.datetime
     ) -> list[Hold]:
@@ -244,7 +258,10 @@ class Cursors:
             taken = {h.cursor_id for h in mine}
             self._ask(current, taken, now, share - len(mine), changing)
         elif changing:
-            self._change(subscriber, mine, current, configured, now)
+            # LeaseLost: another relay took one of them meanwhile (its next
+            # write finds out which); the count changes at a later turn.
+            with contextlib.suppress(LeaseLost):
+                self._change(subscriber, mine, current, configured, now)
         return mine
 
     def _promised(self, cursor: Cursor, now: datetime.datetime) -> bool:
@@ -286,14 +303,19 @@ class Cursors:
                 held.setdefault(cursor.locked_by, []).append(cursor)
         rows = Cursor.objects.using(self.using)
         for owner in sorted(held, key=lambda o: -len(held[o])):
+            asked = 0
             for cursor in held[owner]:
-                if wanting <= 0:
+                # Short of a fair share by a remainder only (one cursor, two
+                # relays): asking would hand it to and fro.
+                even = len(held[owner]) - asked <= len(mine) + asked + 1
+                if wanting <= 0 or (even and not all_of_them):
                     return
                 if cursor.wanted_by in ("", self.worker):
                     rows.filter(id=cursor.id, wanted_by="").update(
                         wanted_by=self.worker[:255]
                     )
                     wanting -= 1
+                    asked += 1
             if not all_of_them:
                 return
 
@@ -307,16 +329,21 @@ class Cursors:
     ) -> list[Hold]:
         """Holding every cursor of ``subscriber``'s current count, stop them
         all at one tick taken now and create ``partitions`` cursors starting
-        there (see the class docstring)."""
+        there (see the class docstring).
+
+        Raises:
+            LeaseLost: another relay took one of them meanwhile (nothing is
+                written).
+        """
         tick, _ = self.stream.dialect.first_reading(self.using, False)
         rows = Cursor.objects.using(self.using)
+        stopping = [hold for hold in holds if hold.stop is None]
         with transaction.atomic(using=self.using):
-            for hold in holds:
-                if hold.stop is None and not rows.filter(
-                    id=hold.cursor_id, lease_token=hold.token
-                ).update(stop_tick=tick):
+            for hold in stopping:
+                if not rows.filter(id=hold.cursor_id, lease_token=hold.token).update(
+                    stop_tick=tick
+                ):
                     raise LeaseLost("a cursor of the old count was taken over")
-                hold.stop = tick
             first = current[0]
             rows.bulk_create(
                 Cursor(
@@ -331,6 +358,8 @@ class Cursors:
                 )
                 for partition in range(partitions)
             )
+        for hold in stopping:
+            hold.stop = tick
         logger.info(
             "%s: partitions %d -> %d: the %d cursors are read to tick %s, then "
             "the new ones go on from there",
@@ -793,7 +822,10 @@ class StreamSettlement:
             return
         if batch.own:
             if batch.last != batch.settled.position or batch.aside_waiting():
-                self.settle(batch.last, [], [], end=True)
+                try:
+                    self.settle(batch.last, [], [], end=True)
+                except LeaseLost:
+                    self.batch.hold.lost = True
             return
         if hold.reading != batch.settled:  # a batch before stopped short
             hold.ahead = None
@@ -808,7 +840,10 @@ class StreamSettlement:
             if hold.ahead == hold.reading:
                 hold.ahead = None
             return
-        self.settle(batch.last, [], [], end=True)
+        try:
+            self.settle(batch.last, [], [], end=True)
+        except LeaseLost:  # the relay that holds the cursor now reads them
+            self.batch.hold.lost = True
 
     def deferred_outcomes(self) -> Outcomes:
         """The outcomes of the RUNNING rows written for handlers whose
@@ -839,6 +874,10 @@ class StreamSettlement:
         except NotContiguous:
             # Sent again once the cursor gets there (at least once).
             self.outcomes.handed_back(len(self.batch.contexts))
+        except LeaseLost:
+            # Sent; the relay that holds the cursor now sends them again.
+            self.batch.hold.lost = True
+            self.outcomes.lost(len(self.batch.contexts), "were sent")
 
     def _sent(self, delivered, outages, failures) -> None:
         if outages:

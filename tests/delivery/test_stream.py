@@ -265,6 +265,43 @@ def test_a_handler_group_whose_cursor_was_taken_over_commits_nothing(
     assert SideEffect.objects.filter(handler="stalled").count() == 2
 
 
+def test_a_publisher_batch_sent_after_its_cursor_was_taken_over_is_sent_again(
+    settings,
+):
+    """A relay that stalled in a send past its lease: it counts the batch
+    lost and goes on; the relay that took the cursor sends it again (at
+    least once)."""
+    from outbox_app.publishers.base import Publisher
+    from outbox_app.relay.stream import Cursors
+
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    sent = []
+
+    class Stalls(Publisher):
+        def send_batch(self, messages):
+            sent.extend(m.event_id for m in messages)
+            if len(sent) == len(messages):  # the first send stalls
+                time.sleep(1.2)
+                thread = threading.Thread(target=take_over)
+                thread.start()
+                thread.join()
+            return [None] * len(messages)
+
+    def take_over():
+        ahead = timezone.now() + datetime.timedelta(minutes=1)
+        Cursors("default", "other:1").of(stalls, ahead)
+        connection.close()
+
+    stalls = Stalls("stalls", {})
+    assert deliver([stalls]).claimed == 0  # its cursor starts here
+    events = place(3)
+    report = deliver([stalls])
+    assert (report.lost, report.succeeded) == (3, 0)
+    later = timezone.now() + datetime.timedelta(minutes=2)
+    assert deliver([stalls], now=later).succeeded == 3
+    assert sorted(sent) == sorted([e.id for e in events] * 2)
+
+
 def test_retiring_keeps_or_skips_what_the_cursor_has_not_read(handlers):
     handlers("record")
     Subscription.objects.record(
