@@ -270,7 +270,9 @@ class MemoryGateway:
                     event.fanned_out = True
                     flipped += 1
             return FannedOut(
-                [e.id for e in batch], flipped, [_context(r, self.using) for r in claimed]
+                [e.id for e in batch],
+                flipped,
+                [_context(r, self.using) for r in claimed],
             )
 
     def _subscribers_of(self, event_type: str) -> set[str]:
@@ -339,7 +341,9 @@ class MemoryGateway:
                 row.locked_by = worker[:255]
                 row.locked_until = row.next_retry_at = expiry
                 row.updated_at = now
-            return token, [_context(r, self.using) for r in sorted(taken, key=lambda r: r.id)]
+            return token, [
+                _context(r, self.using) for r in sorted(taken, key=lambda r: r.id)
+            ]
 
     def _held(self, row: Row, event_types: frozenset[str] | None) -> bool:
         """An ordered subscriber's row waits: an earlier unfinished row of its
