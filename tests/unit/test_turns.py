@@ -18,7 +18,7 @@ from outbox_app.relay.loop import deliver
 from outbox_app.relay.outcomes import RelayReport
 from outbox_app.relay.sending import PublisherRunner
 from outbox_app.store.lifecycle import State
-from tests.memory import MemoryGateway, MemoryView, Row, moved
+from tests.memory import MemoryGateway, MemoryView, moved
 
 pytestmark = pytest.mark.engine("rows")
 
@@ -279,4 +279,3 @@ def test_the_store_refuses_a_change_the_lifecycle_does_not_allow(store):
         moved(store.rows[row_id], "claim", State.RUNNING)
     with pytest.raises(AssertionError, match="not a transition"):
         moved(store.rows[row_id], "resurrect", State.PENDING)
-    assert isinstance(store.rows[row_id], Row)
