@@ -65,6 +65,7 @@ class Batch:
         now: datetime.datetime | None,
         worker: str,
         fold: Fold | None = None,
+        gateway: Gateway | None = None,
     ) -> Batch:
         """Lease up to ``batch_size`` due rows of ``subscriber`` and read what
         delivering them needs (one round trip where the database allows),
@@ -77,10 +78,13 @@ class Batch:
         (:meth:`Gateway.fan_out` with a lease), within what is left of the
         byte budget: due rows first, so retries are never starved by new
         events.
+
+        ``gateway``: the statements sent (default :class:`Gateway` of
+        ``using``; a test may hand in a store of its own).
         """
         started = time.monotonic()
         now = now or database_now(using)
-        gateway = Gateway(using)
+        gateway = gateway or Gateway(using)
         lease = outbox_settings.LEASE_SECONDS
         budget = outbox_settings.BATCH_BYTES
         token, contexts = gateway.claim(

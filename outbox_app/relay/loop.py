@@ -27,6 +27,7 @@ from ..events.ids import worker_name
 from ..execution.metrics import relay_metrics
 from ..publishers.base import Publisher
 from ..store.clock import database_now
+from ..store.gateway import Gateway
 from ..store.lifecycle import CLAIMABLE
 from ..store.models import Delivery, OutboxEvent, Subscription
 from ..subscribers import Handler, Kind, Subscriber
@@ -271,6 +272,7 @@ def deliver(
     fold: bool = True,
     claim_ahead: bool = True,
     view: SubscriptionView | None = None,
+    gateway: Gateway | None = None,
 ) -> RelayReport:
     """Claim and deliver due deliveries, batch by batch, until none is due or
     the time budget is spent.
@@ -311,6 +313,9 @@ def deliver(
             claimed after the previous one, on the caller's connection.
         view: the paused subscribers and subscribed types, as a relay's loop
             keeps them (:class:`SubscriptionView`); default read afresh.
+        gateway: the statements the batches send (claims, outcomes); default
+            :class:`~outbox_app.store.gateway.Gateway` of ``using`` (a test
+            may hand in a store of its own).
 
     Returns:
         RelayReport with the counts.
@@ -338,6 +343,7 @@ def deliver(
         claim_ahead=claim_ahead,
         view=view,
         deadline=None if max_seconds is None else time.monotonic() + max_seconds,
+        gateway=gateway or Gateway(using),
     )
     try:
         return turns.run()
@@ -369,6 +375,7 @@ class _Turns:
         claim_ahead: bool,
         view: SubscriptionView,
         deadline: float | None,
+        gateway: Gateway,
     ):
         self.chosen = chosen
         self.using = using
@@ -380,6 +387,7 @@ class _Turns:
         self.claim_ahead = claim_ahead
         self.view = view
         self.deadline = deadline
+        self.gateway = gateway
         self.report = RelayReport()
         self.ahead = ClaimAhead(using)
         self.cursors = view.cursors(worker) if streaming(using) else None
@@ -400,7 +408,13 @@ class _Turns:
 
     def claim(self, subscriber: Subscriber) -> Batch:
         return Batch.claim(
-            subscriber, self.using, self.batch_size, self.now, self.worker, self.folding
+            subscriber,
+            self.using,
+            self.batch_size,
+            self.now,
+            self.worker,
+            self.folding,
+            self.gateway,
         )
 
     def clock(self) -> datetime:
