@@ -21,7 +21,6 @@ from django.db import DatabaseError
 from ..exceptions import EventExpired, LeaseLost
 from ..execution.metrics import Counts, relay_metrics
 from ..execution.run import recorded_error
-from ..store.clock import database_now
 from ..store.gateway import Gateway
 from ..subscribers import DeliveryContext, Subscriber, dotted_path
 
@@ -78,10 +77,9 @@ class Outcomes:
         self.report = report
 
     def now(self) -> datetime.datetime:
-        """The time outcomes are stamped with: the database's clock, or the
-        clock of a gateway that keeps its own (``now()``: a test's store)."""
-        own = getattr(self.gateway, "now", None)
-        return database_now(self.gateway.using) if own is None else own()
+        """The time outcomes are stamped with: the gateway's (the database's
+        clock)."""
+        return self.gateway.now()
 
     def succeeded(
         self, contexts: Sequence[DeliveryContext], *, all_or_none: bool = False

@@ -46,6 +46,7 @@ from django.db import connections, transaction
 
 from ..conf import outbox_settings
 from ..subscribers import DeliveryContext
+from .clock import database_now
 from .db import reissued_on_deadlock
 from .lifecycle import State
 from .sql import Dialect, dialect
@@ -120,6 +121,11 @@ class Gateway:
     @property
     def dialect(self) -> Dialect:
         return dialect(self.using)
+
+    def now(self) -> datetime.datetime:
+        """The database's clock (:func:`~outbox_app.store.clock.database_now`),
+        which outcomes are stamped with."""
+        return database_now(self.using)
 
     def _cursor(self):
         return self.dialect.cursor(connections[self.using])

@@ -13,6 +13,7 @@ import pytest
 
 from outbox_app.store.lifecycle import DELIVERY, State
 from outbox_app.store.sql import DIALECTS
+from outbox_app.store.tables import Tables
 
 STATES = "|".join(State.values)
 #: A condition on the row's own state (``c`` in a claim; not another row's,
@@ -82,7 +83,7 @@ def row_statements(d) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 @pytest.mark.parametrize("vendor", sorted(DIALECTS))
 def test_every_state_change_of_row_delivery_is_a_transition_of_the_table(vendor):
-    d = DIALECTS[vendor]("default")
+    d = DIALECTS[vendor]("default", Tables.of_models())
     table = {t.name: t for t in DELIVERY}
     for name, (sql, made) in row_statements(d).items():
         assert all(table[t].by == "relay" for t in made), name
@@ -108,14 +109,14 @@ def test_every_state_change_of_row_delivery_is_a_transition_of_the_table(vendor)
 
 
 def test_outcomes_are_fenced_to_rows_a_lease_holds():
-    d = DIALECTS["sqlite"]("default")
+    d = DIALECTS["sqlite"]("default", Tables.of_models())
     for sql in (d.renew(1, False), d.succeed(1), d.fail, d.release(1), d.lapse(1)):
         assert sources(sql) == {State.RUNNING}
         assert "lease_token = %s" in sql
 
 
 def test_every_relay_transition_of_rows_has_its_statement():
-    d = DIALECTS["sqlite"]("default")
+    d = DIALECTS["sqlite"]("default", Tables.of_models())
     made = {t for _, names in row_statements(d).values() for t in names}
     relay = {t.name for t in DELIVERY if t.by == "relay"}
     # divert: stream delivery's, the state a parameter its caller picks.
