@@ -17,13 +17,43 @@ from typing import Any
 
 
 def clear() -> None:
-    """Empty the outbox: deliveries, events and the subscriptions relays
-    recorded (a benchmark's subscribers are its own; another run's would get
-    deliveries too)."""
-    from outbox_app.models import Delivery, OutboxEvent, Subscription
+    """Empty the outbox: deliveries, events, and the subscriptions and cursors
+    relays recorded (a benchmark's subscribers are its own; another run's
+    would get deliveries too)."""
+    from outbox_app.models import Cursor, Delivery, OutboxEvent, Subscription
 
-    for model in (Delivery, OutboxEvent, Subscription):
+    for model in (Delivery, OutboxEvent, Subscription, Cursor):
         model.objects.all().delete()
+
+
+def record(*subscribers: Any) -> None:
+    """Record ``subscribers`` (:class:`~outbox_app.subscribers.Subscriber`
+    values) as ``manage.py outbox_subscribers --record`` does: with stream
+    delivery their cursors start now, so they receive the events published
+    from now on (record before publishing a backlog: events published before
+    a subscriber exists are not its); with row delivery, the subscriptions
+    fan-out reads."""
+    from outbox_app.models import Subscription
+    from outbox_app.relay import worker_name
+
+    Subscription.objects.record(subscribers, f"bench {worker_name()}", started=True)
+
+
+def engine() -> str:
+    """The delivery engine of events published now on the default database:
+    ``"stream"`` or ``"rows"`` (``OUTBOX_ENGINE`` and the database decide)."""
+    from outbox_app.store.gateway import streaming
+
+    return "stream" if streaming() else "rows"
+
+
+def delivered() -> int:
+    """Deliveries done, whichever engine delivered them: SUCCEEDED rows and
+    events delivered by stream, one per subscriber
+    (:func:`outbox_app.ops.streams.delivered`; reads every event kept)."""
+    from outbox_app.ops.streams import delivered as done
+
+    return sum(len(ids) for ids in done().values())
 
 
 def publish_orders(count: int, aggregate_type: str, **schedule: Any) -> None:

@@ -12,11 +12,16 @@ Per round, interleaved:
 * **raw pika**: the same with pika's asynchronous ``SelectConnection`` and
   ``confirm_delivery`` (the fastest client measured on this machine kind);
 * **outbox_app**: ``deliver()`` of a ``KombuPublisher`` over the same number of
-  fanned-out PENDING deliveries: claim, read, encode, publish, wait for the
-  confirms, mark SUCCEEDED, until none is due; the next batch is claimed on a
-  second connection while this one is published;
-* **without claim-ahead**: the same, ``deliver(claim_ahead=False)``: one batch
-  at a time on one connection.
+  events, published after the publisher was recorded, with the default
+  delivery engine (stream on PostgreSQL and SQLite: its cursor reads them,
+  encode, publish, wait for the confirms, move the cursor; no delivery row),
+  until none is due;
+* **row delivery**: the same with ``OUTBOX_ENGINE = "rows"`` over fanned-out
+  PENDING deliveries: claim, read, encode, publish, wait for the confirms,
+  mark SUCCEEDED; the next batch is claimed on a second connection while this
+  one is published;
+* **row delivery, without claim-ahead**: the same,
+  ``deliver(claim_ahead=False)``: one batch at a time on one connection.
 
 Every message is persistent, goes to a durable topic exchange bound to one
 durable queue (purged between runs), and counts only once the broker acked it.
@@ -40,10 +45,19 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import clear, context_for, rabbit, summarize, vacuum  # noqa: E402
-from outbox_app import Delivery, publish  # noqa: E402
+from bench import (  # noqa: E402
+    clear,
+    context_for,
+    engine,
+    rabbit,
+    record,
+    summarize,
+    vacuum,
+)
+from outbox_app import Delivery, OutboxEvent, publish  # noqa: E402
 from outbox_app.publishers.kombu import KombuPublisher  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 from outbox_app.store.lifecycle import State  # noqa: E402
@@ -53,8 +67,11 @@ EXCHANGE = QUEUE = "outbox-bench-broker"
 
 
 def prepare(events: int, publisher: KombuPublisher) -> list[rabbit.Message]:
-    """Commit ``events`` events, fan them out; return their encoded messages."""
+    """Record ``publisher``, commit ``events`` events, fan them out (row
+    delivery; nothing to do with stream delivery); return their encoded
+    messages."""
     clear()
+    record(publisher)
     for start in range(0, events, 1000):
         with transaction.atomic():
             publish(
@@ -67,12 +84,14 @@ def prepare(events: int, publisher: KombuPublisher) -> list[rabbit.Message]:
     vacuum()
     fan_out(subscribers=[publisher], batch_size=1000)
     vacuum()
-    rows = Delivery.objects.select_related("event").iterator(chunk_size=2000)
-    return [rabbit.encode(context_for(row.event, row)) for row in rows]
+    return [
+        rabbit.encode(context_for(event, subscriber=publisher.name))
+        for event in OutboxEvent.objects.iterator(chunk_size=2000)
+    ]
 
 
 def undeliver() -> None:
-    """Every delivery PENDING again, as fan-out left it."""
+    """Every delivery PENDING again, as fan-out left it (row delivery)."""
     Delivery.objects.update(
         state=State.PENDING,
         attempts=0,
@@ -114,15 +133,21 @@ def main() -> None:
     rates: dict[str, list[float]] = {
         "raw py-amqp": [],
         "raw pika": [],
-        "without claim-ahead": [],
+        "row delivery, without claim-ahead": [],
+        "row delivery": [],
         "outbox_app": [],
     }
     for round_ in range(args.rounds):
-        messages = prepare(args.events, publisher)
-        rates["without claim-ahead"].append(
-            outbox(args.events, publisher, args.batch_size, claim_ahead=False)
-        )
-        undeliver()
+        with override_settings(OUTBOX_ENGINE="rows"):
+            messages = prepare(args.events, publisher)
+            rates["row delivery, without claim-ahead"].append(
+                outbox(args.events, publisher, args.batch_size, claim_ahead=False)
+            )
+            undeliver()
+            rates["row delivery"].append(
+                outbox(args.events, publisher, args.batch_size)
+            )
+        prepare(args.events, publisher)
         rates["outbox_app"].append(outbox(args.events, publisher, args.batch_size))
         purge()
         rates["raw py-amqp"].append(rabbit.raw_amqp(messages, EXCHANGE))
@@ -137,7 +162,8 @@ def main() -> None:
     base = max(medians["raw py-amqp"], medians["raw pika"])
     print(
         f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
-        f"batch size {args.batch_size}, confirm window {rabbit.WINDOW}"
+        f"batch size {args.batch_size}, confirm window {rabbit.WINDOW}; "
+        f"outbox_app: {engine()} delivery"
     )
     summarize(
         medians,

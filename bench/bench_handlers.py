@@ -10,17 +10,22 @@ commit and before the row's mark.
 
 Per round, on the same database, interleaved:
 
-* **outbox_app**: ``fan_out()`` then ``deliver()`` of one handler over
-  ``--events`` committed events, batches of ``--batch-size``: what one
-  ``manage.py relay`` process does. Handlers share one transaction per group
-  (``OUTBOX_HANDLER_GROUP_SECONDS``), each in a savepoint, one UPDATE marks the
-  group.
-* **without claim-ahead**: the same, claiming one batch at a time on one
-  connection (``deliver(claim_ahead=False)``);
-* **one commit per delivery**: the same relay with
+* **outbox_app**: ``deliver()`` of one handler over ``--events`` committed
+  events published after it was recorded, batches of ``--batch-size``: what
+  one ``manage.py relay`` process does, with the default delivery engine
+  (stream on PostgreSQL and SQLite: the handler's cursor reads the events,
+  no delivery row is written for a success, and ``fan_out()`` has nothing to
+  do). Handlers share one transaction per group
+  (``OUTBOX_HANDLER_GROUP_SECONDS``), each in a savepoint; the group's
+  commit records its outcome (with stream delivery, the cursor's move).
+* **row delivery**: the same with ``OUTBOX_ENGINE = "rows"``: ``fan_out()``
+  writes a delivery row per event, then the batches are claimed (the next one
+  ahead, on a second connection) and one UPDATE marks each group;
+* **one commit per delivery**: outbox_app with
   ``OUTBOX_HANDLER_GROUP_SECONDS = 0``, so every handler gets its own
-  transaction and mark, as outbox_app did before group commits;
-* **one row per transaction**: the usual outbox loop, per row a transaction
+  transaction and outcome, as outbox_app did before group commits;
+* **one row per transaction**: the usual outbox loop over delivery rows
+  (fanned out with ``OUTBOX_ENGINE = "rows"``), per row a transaction
   that locks one due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported),
   runs the handler and marks the row.
 
@@ -48,7 +53,14 @@ from django.db import connection, transaction  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import clear, lock_skipping_locked, summarize, vacuum  # noqa: E402
+from bench import (  # noqa: E402
+    clear,
+    engine,
+    lock_skipping_locked,
+    record,
+    summarize,
+    vacuum,
+)
 from outbox_app import Delivery, publish  # noqa: E402
 from outbox_app.events.codec import decode  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
@@ -79,8 +91,11 @@ HANDLER = Handler(name="bench.noop", event_types=frozenset({"OrderPlaced"}), fn=
 
 
 def prepare(events: int) -> None:
-    """``events`` committed OrderPlaced events awaiting fan-out, nothing else."""
+    """``events`` committed OrderPlaced events, published after the handler
+    was recorded (its cursor starts before them, with stream delivery), not
+    fanned out; nothing else."""
     clear()
+    record(HANDLER)
     for start in range(0, events, 1000):
         with transaction.atomic():
             publish(
@@ -92,20 +107,26 @@ def prepare(events: int) -> None:
     vacuum()
 
 
-def outbox(
-    events: int, batch_size: int, claim_ahead: bool = True
-) -> tuple[float, float]:
-    """(deliveries/s including fan-out, seconds spent fanning out)."""
+def outbox(events: int, batch_size: int) -> tuple[float, float]:
+    """(deliveries/s including fan-out, seconds spent fanning out: none with
+    stream delivery)."""
     global seen
     prepare(events)
     seen = 0
     started = time.perf_counter()
     fanned = fan_out(subscribers=[HANDLER], batch_size=batch_size)
     fanned_at = time.perf_counter()
-    report = deliver([HANDLER], batch_size=batch_size, claim_ahead=claim_ahead)
+    report = deliver([HANDLER], batch_size=batch_size)
     elapsed = time.perf_counter() - started
-    assert fanned == events and report.succeeded == events == seen, report
+    assert fanned == (events if engine() == "rows" else 0), fanned
+    assert report.succeeded == events == seen, (report, seen)
     return events / elapsed, fanned_at - started
+
+
+def row_delivery(events: int, batch_size: int) -> tuple[float, float]:
+    """:func:`outbox` with ``OUTBOX_ENGINE = "rows"``."""
+    with override_settings(OUTBOX_ENGINE="rows"):
+        return outbox(events, batch_size)
 
 
 def one_commit_per_delivery(events: int, batch_size: int) -> float:
@@ -113,6 +134,7 @@ def one_commit_per_delivery(events: int, batch_size: int) -> float:
         return outbox(events, batch_size)[0]
 
 
+@override_settings(OUTBOX_ENGINE="rows")
 def one_row_per_transaction(events: int) -> float:
     global seen
     prepare(events)
@@ -154,7 +176,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {
         "one row per transaction": [],
         "one commit per delivery": [],
-        "without claim-ahead": [],
+        "row delivery": [],
         "outbox_app": [],
     }
     fanning: list[float] = []
@@ -165,16 +187,14 @@ def main() -> None:
         rates["one commit per delivery"].append(
             one_commit_per_delivery(args.baseline_events, args.batch_size)
         )
-        rates["without claim-ahead"].append(
-            outbox(args.events, args.batch_size, claim_ahead=False)[0]
-        )
-        rate, fan_seconds = outbox(args.events, args.batch_size)
-        rates["outbox_app"].append(rate)
+        rate, fan_seconds = row_delivery(args.events, args.batch_size)
+        rates["row delivery"].append(rate)
         fanning.append(fan_seconds)
+        rates["outbox_app"].append(outbox(args.events, args.batch_size)[0])
         print(
             f"round {round_ + 1}: "
             + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items())
-            + f" (fan-out {fan_seconds:.1f} s of it)",
+            + f" (row delivery's fan-out {fan_seconds:.1f} s of it)",
             flush=True,
         )
     medians = {k: statistics.median(v) for k, v in rates.items()}
@@ -182,7 +202,8 @@ def main() -> None:
     print(
         f"database: {connection.vendor}, {args.events:,} events "
         f"(baselines {args.baseline_events:,}), batch size {args.batch_size}, "
-        f"{args.rounds} rounds; fan-out took {statistics.median(fanning):.1f} s"
+        f"{args.rounds} rounds; outbox_app: {engine()} delivery; row delivery's "
+        f"fan-out took {statistics.median(fanning):.1f} s"
     )
     summarize(
         medians,

@@ -12,6 +12,11 @@ due row (``FOR UPDATE SKIP LOCKED LIMIT 1`` where supported), sends it, marks it
 With ``--broker amqp://...`` both relays publish to a real RabbitMQ exchange with
 persistent messages and publisher confirms (KombuPublisher; the baseline sends
 one message per transaction, so it waits for each confirm).
+
+Row delivery's own figure: both relays run with ``OUTBOX_ENGINE = "rows"``
+(one delivery row per event, fanned out beforehand), whatever the default
+engine; stream delivery's throughput is ``bench/bench_broker.py``'s and
+``bench/bench_handlers.py``'s.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench import clear, context_for, lock_skipping_locked  # noqa: E402
@@ -88,6 +94,7 @@ def one_row_per_transaction(events: int, publisher: Publisher) -> float:
     return events / elapsed
 
 
+@override_settings(OUTBOX_ENGINE="rows")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=5000)
@@ -116,7 +123,7 @@ def main() -> None:
     base = statistics.median(rates["one row per transaction"])
     print(
         f"database: {connection.vendor}, {args.events} events, {args.rounds} rounds, "
-        f"publisher: {args.broker or 'none (accepts at once)'}"
+        f"publisher: {args.broker or 'none (accepts at once)'}, row delivery"
     )
     print(f"{'relay':<26}{'deliveries/s (median)':>24}{'vs baseline':>13}")
     for name, values in rates.items():
