@@ -14,17 +14,21 @@ port and stopped at the end. Per round, each run writing to a topic of its own:
   ``acks=all``, librdkafka's other defaults) until every delivery report
   arrived (``flush``);
 * **deliver()**: ``deliver()`` of a ``KafkaPublisher`` in this process over
-  the same number of fanned-out PENDING deliveries: claim, read, encode,
-  produce, collect the delivery reports, mark SUCCEEDED, until none is due;
+  the same number of events published after it was recorded, with the
+  default delivery engine (stream on PostgreSQL and SQLite: its cursor reads
+  them, no delivery row; row delivery: fanned out beforehand, claimed, marked
+  SUCCEEDED): read, encode, produce, collect the delivery reports, until
+  none is due;
 * **deliver(), no-op publisher**: the same loop with a publisher that sends
   nothing and reports every message delivered: the relay's own share, the
   ceiling of any publisher here;
 * **relay --once**: the real ``python -m django relay --once`` of a fresh
   project with default settings (``bench/settings.py``; the publisher from
   ``$BENCH_PUBLISHERS`` with its default options but the servers and topic),
-  over events published and not fanned out, timed from spawn to exit: process
-  start, Django set-up, fan-out included (``relay --once`` over empty tables
-  is printed beside).
+  over events published after its subscribers were recorded
+  (``outbox_subscribers --record``) and not fanned out, timed from spawn to
+  exit: process start, Django set-up, fan-out (row delivery) included
+  (``relay --once`` over empty tables is printed beside).
 
 Every record counts once its delivery report says the broker has it. Prints
 events/s (median over rounds) and the ratio to the raw producer.
@@ -49,7 +53,7 @@ from confluent_kafka import Producer  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench import CpuMeter, context_for, print_cpu, summarize  # noqa: E402
+from bench import CpuMeter, context_for, engine, print_cpu, summarize  # noqa: E402
 from bench.bench_nats import in_process  # noqa: E402  (any publisher)
 from bench.bench_users import (  # noqa: E402
     VENDOR,
@@ -133,7 +137,7 @@ def main() -> None:
 
         for round_ in range(args.rounds):
             empty.append(start_up(**env("empty")))
-            publish_backlog(args.events)
+            publish_backlog(args.events, **env(f"raw{round_}"))
             encoder = KafkaPublisher(PUBLISHER, options(servers, f"raw{round_}"))
             records = [
                 encoder._encode(context_for(event, subscriber=PUBLISHER))
@@ -147,7 +151,7 @@ def main() -> None:
             publisher.close()
             noop = NoopPublisher(PUBLISHER, {})
             rates["deliver(), no-op publisher"].append(in_process(args.events, noop))
-            publish_backlog(args.events)
+            publish_backlog(args.events, **env(f"relay{round_}"))
             meter.start()
             seconds = relay_once(args.events, **env(f"relay{round_}"))
             cpu["relay --once"].append(meter.stop())
@@ -161,7 +165,8 @@ def main() -> None:
     print(
         f"{VENDOR}, {args.events:,} events, {args.rounds} round(s), batches of 500 "
         f"(in-process) / default settings (relay --once), process start included "
-        f"({statistics.median(empty):.2f} s with nothing to do); tansu in memory"
+        f"({statistics.median(empty):.2f} s with nothing to do); tansu in memory; "
+        f"{engine()} delivery"
     )
     summarize(
         medians,

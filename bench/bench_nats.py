@@ -13,13 +13,17 @@ duplicate of an earlier run), file storage, one subject per event type:
   outstanding (the relay's window: two batches of 500), until every PubAck
   arrived;
 * **deliver()**: ``deliver()`` of a ``JetStreamPublisher`` in this process over
-  the same number of fanned-out PENDING deliveries: claim, read, encode,
-  publish, collect the PubAcks, mark SUCCEEDED, until none is due;
+  the same number of events published after it was recorded, with the
+  default delivery engine (stream on PostgreSQL and SQLite: its cursor reads
+  them, no delivery row; row delivery: fanned out beforehand, claimed, marked
+  SUCCEEDED): read, encode, publish, collect the PubAcks, until none is due;
 * **relay --once**: the real ``python -m django relay --once`` of a fresh
   project with default settings (``bench/settings.py``; the publisher from
-  ``$BENCH_PUBLISHERS``, ``DECLARE`` on), over events published and not fanned
-  out, timed from spawn to exit: process start, Django set-up, fan-out
-  included (``relay --once`` over empty tables is printed beside).
+  ``$BENCH_PUBLISHERS``, ``DECLARE`` on), over events published after its
+  subscribers were recorded (``outbox_subscribers --record``, as a deploy's
+  ``migrate`` does) and not fanned out, timed from spawn to exit: process
+  start, Django set-up, fan-out (row delivery) included (``relay --once``
+  over empty tables is printed beside).
 
 Every message counts once JetStream acked it; the stream holds exactly
 ``--events`` messages after each run. Prints events/s (median over rounds) and
@@ -47,7 +51,14 @@ import nats  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench import context_for, summarize  # noqa: E402
+from bench import (  # noqa: E402
+    context_for,
+    engine,
+    publish_orders,
+    record,
+    summarize,
+    vacuum,
+)
 from bench.bench_users import (  # noqa: E402
     VENDOR,
     publish_backlog,
@@ -56,6 +67,7 @@ from bench.bench_users import (  # noqa: E402
     start_up,
 )
 from outbox_app import OutboxEvent  # noqa: E402
+from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.publishers.nats import JetStreamPublisher  # noqa: E402
 from outbox_app.relay import deliver, fan_out  # noqa: E402
 
@@ -115,8 +127,13 @@ def raw(messages: list[tuple[str, bytes, dict]]) -> float:
     return asyncio.run(_jetstream(work))
 
 
-def in_process(events: int, publisher: JetStreamPublisher) -> float:
-    publish_backlog(events)
+def in_process(events: int, publisher: Publisher) -> float:
+    """``deliver()`` of ``publisher`` (any) over ``events`` events published
+    after it was recorded (and fanned out, with row delivery): events/s."""
+    reset()
+    record(publisher)
+    publish_orders(events, "bench.Order")
+    vacuum()
     fan_out(subscribers=[publisher], batch_size=1000)
     started = time.perf_counter()
     report = deliver([publisher], batch_size=500)
@@ -144,7 +161,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         fresh_stream()
         empty.append(start_up(**env))
-        publish_backlog(args.events)
+        publish_backlog(args.events, **env)
         messages = [
             publisher._encode(context_for(event, subscriber=PUBLISHER))
             for event in OutboxEvent.objects.iterator(chunk_size=2000)
@@ -156,7 +173,7 @@ def main() -> None:
         rates["deliver()"].append(in_process(args.events, publisher))
         assert stored() == args.events
         fresh_stream()
-        publish_backlog(args.events)
+        publish_backlog(args.events, **env)
         rates["relay --once"].append(args.events / relay_once(args.events, **env))
         assert stored() == args.events
         print(
@@ -168,7 +185,8 @@ def main() -> None:
     print(
         f"{VENDOR}, {args.events:,} events, {args.rounds} round(s), batches of 500, "
         f"raw ack window {WINDOW}; relay --once with default settings, process "
-        f"start included ({statistics.median(empty):.2f} s with nothing to do)"
+        f"start included ({statistics.median(empty):.2f} s with nothing to do); "
+        f"{engine()} delivery"
     )
     summarize(
         medians,
