@@ -22,13 +22,20 @@ Commands (an ``outbox_bench`` database, as for ``bench/bench_users.py``)::
 
 ``--events`` events of type ``bench.Blob`` whose payload JSON is
 ``--payload-bytes`` long are published (``publish()``, 10 per transaction,
-not fanned out), then ``relay --once`` runs in its own process with the
+not fanned out) after the relay's subscribers were recorded
+(``outbox_subscribers --record``, as a deploy's ``migrate`` does: stream
+delivery, the default, delivers a subscriber the events published after its
+cursor started), then ``relay --once`` runs in its own process with the
 no-op handler ``bench.blob`` (``BENCH_BLOB_HANDLER=1``) or a default
 ``KombuPublisher`` to the queue ``outbox-bench-users``, and is timed from
 spawn to exit. Its peak RSS is the ``VmHWM`` of ``/proc/<pid>/status``, read
 every 10 ms while it runs (a high-water mark: the last reading is the peak
 unless the peak came in the last 10 ms). Prints, per round: events/s and peak
 MiB; then the medians.
+
+``--backlog`` and ``--claims`` time row delivery's claim: they run with
+``OUTBOX_ENGINE = "rows"`` whatever the default engine (the backlog is
+fanned out into delivery rows).
 """
 
 from __future__ import annotations
@@ -38,23 +45,27 @@ import statistics
 import time
 
 from django.db import transaction
+from django.test.utils import override_settings
 
-from bench import rabbit, vacuum
+from bench import delivered, engine, rabbit, vacuum
 from bench.bench_users import (  # sets up Django with bench.settings
     EXCHANGE,
     QUEUE,
     publishers,
+    record,
     reset,
     spawn_relay,
 )
-from outbox_app import Delivery, publish
-from outbox_app.store.lifecycle import State
+from outbox_app import publish
 
 EVENT_TYPE = "bench.Blob"
 
 
-def publish_blobs(events: int, payload_bytes: int) -> None:
+def publish_blobs(events: int, payload_bytes: int, **env: str) -> None:
+    """``events`` blobs, published after the subscribers of a relay with
+    ``env`` were recorded."""
     reset()
+    record(**env)
     blob = "x" * max(0, payload_bytes - len('{"blob": ""}'))
     for start in range(0, events, 10):
         with transaction.atomic():
@@ -90,11 +101,12 @@ def run_relay(expected: int, **env: str) -> tuple[float, float]:
     out, err = child.communicate()
     if child.returncode:
         raise SystemExit(f"relay failed ({child.returncode}):\n{err[-3000:]}")
-    done = Delivery.objects.filter(state=State.SUCCEEDED).count()
+    done = delivered()
     assert done == expected, f"{done} of {expected} delivered:\n{out[-500:]}"
     return elapsed, peak / 1024
 
 
+@override_settings(OUTBOX_ENGINE="rows")
 def claims(count: int, ordered: bool) -> list[float]:
     """Seconds of each of ``count`` claims of ``OUTBOX_BATCH_SIZE`` rows (one
     subscriber, ordered or not) over the PENDING rows :func:`backlog` made,
@@ -130,6 +142,7 @@ def claims(count: int, ordered: bool) -> list[float]:
     return times
 
 
+@override_settings(OUTBOX_ENGINE="rows")
 def backlog(events: int, payload_bytes: int) -> None:
     """``events`` events fanned out to ``bench.blob`` (unordered) and
     ``bench.ordered`` (ordered, one event per aggregate), all PENDING."""
@@ -191,7 +204,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         if args.to == "rabbitmq":
             rabbit.declare(EXCHANGE, QUEUE)
-        publish_blobs(args.events, args.payload_bytes)
+        publish_blobs(args.events, args.payload_bytes, **env)
         seconds, peak = run_relay(args.events, **env)
         if args.to == "rabbitmq":
             assert rabbit.count(QUEUE) == args.events, rabbit.count(QUEUE)
@@ -200,7 +213,7 @@ def main() -> None:
         print(
             f"round {round_}: {args.events:,} events of {args.payload_bytes:,} "
             f"bytes to {args.to}: {seconds:.1f} s, {rates[-1]:,.0f} events/s, "
-            f"peak RSS {peak:,.1f} MiB"
+            f"peak RSS {peak:,.1f} MiB ({engine()} delivery)"
         )
     print(
         f"median: {statistics.median(rates):,.0f} events/s, peak RSS "
