@@ -42,6 +42,11 @@ Commands (an ``outbox_purge`` database, migrated with ``bench/settings.py``)::
 
 ``--no-fill`` reuses the rows of an earlier fill (their count is read back);
 ``--purge-args '--pause-ratio 0'`` passes options to ``outbox_purge``.
+
+Row delivery's figure: the purge of delivery rows and a relay whose fan-out,
+claims and marks write rows beside it. This process and the ones it starts
+run with ``OUTBOX_ENGINE=rows`` (``bench/settings.py`` reads it from the
+environment), whatever the default engine.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ import time
 from pathlib import Path
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+# Row delivery, here and in the relay and purge processes (see above).
+os.environ["OUTBOX_ENGINE"] = "rows"
 
 import django
 
@@ -105,7 +112,7 @@ def empty_tables() -> None:
     if VENDOR == "postgresql":
         execute(
             f"TRUNCATE {DELIVERIES}, {EVENTS}, outbox_app_subscription, "
-            "outbox_app_subscriberpause"
+            "outbox_app_subscriberpause, outbox_app_cursor"
         )
     else:
         execute("SET FOREIGN_KEY_CHECKS = 0")
@@ -114,6 +121,7 @@ def empty_tables() -> None:
             EVENTS,
             "outbox_app_subscription",
             "outbox_app_subscriberpause",
+            "outbox_app_cursor",
         ):
             execute(f"TRUNCATE {table}")
         execute("SET FOREIGN_KEY_CHECKS = 1")
@@ -367,7 +375,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    print(f"{VENDOR}: {connection.settings_dict['NAME']}", flush=True)
+    print(f"{VENDOR}: {connection.settings_dict['NAME']}, row delivery", flush=True)
     if not args.no_fill:
         empty_tables()
         began = time.perf_counter()
