@@ -83,8 +83,10 @@ events in a minimal transaction against a raw INSERT of the same rows); the
 **f) scheduled.** Does a table full of deliveries scheduled for later slow
 the delivery of those due now? ``relay --once`` with the no-op handler over
 ``--events`` due events, first alone, then after ``--scheduled`` events
-published with ``deliver_at`` a day ahead and fanned out (their PENDING rows
-sit in the claim's index, due tomorrow): deliveries/s, the first as the
+published with ``deliver_at`` a day ahead and passed by a first ``relay
+--once`` (their PENDING rows sit in the claim's index, due tomorrow: row
+delivery fans them out; stream delivery writes a row for each scheduled event
+its cursor passes): deliveries/s, the first as the
 baseline. A third run has as many events published without a schedule and
 delivered before the due ones, so its tables are as big: what size alone
 costs. Goal: beside scheduled >= 0.9x beside delivered.
@@ -609,8 +611,11 @@ def scheduled(args: argparse.Namespace) -> None:
             (beside, 0, {"deliver_at": tomorrow}),
         ):
             reset()
+            record(**noop)
             publish_orders(args.scheduled, "bench.Later", **schedule)
-            relay_once(ahead, **noop)  # fans them out (and delivers them, if due)
+            # Delivers them if due; else writes their PENDING rows, due
+            # tomorrow (fan-out; stream delivery: its cursor passes them).
+            relay_once(ahead, **noop)
             publish_orders(args.events, "bench.Order")
             vacuum()
             rates[name].append(args.events / relay_once(args.events, **noop))
