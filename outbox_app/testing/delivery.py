@@ -33,7 +33,7 @@ from ..store.lifecycle import State
 from ..subscribers import DeliveryContext, Handler
 
 if TYPE_CHECKING:
-    from .capture import CapturedEvent, CapturedEvents
+    from .recording import CapturedEvent, Recording
 
 logger = logging.getLogger("outbox_app.testing")
 
@@ -125,7 +125,7 @@ class DeliveryReport:
 
 
 def deliver_now(
-    captured: CapturedEvents,
+    captured: Recording,
     *,
     at: datetime.datetime | None = None,
     raise_errors: bool = True,
@@ -215,7 +215,7 @@ def _database_now(alias: str) -> datetime.datetime:
 
 
 def _delivery(
-    captured: CapturedEvents,
+    captured: Recording,
     event: CapturedEvent,
     handler: Handler,
     now: datetime.datetime,

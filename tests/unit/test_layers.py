@@ -37,16 +37,6 @@ LAYERS = {
 }
 
 
-#: Module-level import cycles kept on purpose, each a set of modules taken
-#: as one node. Keep it empty but for a pair that is one unit in two files.
-KEPT_CYCLES = [
-    # CapturedEvents.deliver_now() calls testing/delivery.py's deliver_now(),
-    # which takes the capture's types (under TYPE_CHECKING) and records its
-    # state in the capture (``_finished``): one unit, split for its length.
-    {"outbox_app.testing.capture", "outbox_app.testing.delivery"},
-]
-
-
 def unit(module: str) -> str:
     """``outbox_app.store.sql.base`` -> ``store``; the package itself ->
     ``__init__``."""
@@ -171,13 +161,9 @@ def test_the_module_graph_sees_every_kind_of_import():
 def test_no_cycle_between_modules():
     """No module imports, through any others, one that imports it: a loop
     inside a package too, which the units' graph cannot see."""
-    node = {module: module for module in modules()}
-    for kept in KEPT_CYCLES:
-        for module in kept:
-            node[module] = " + ".join(sorted(kept))
     graph: dict[str, set[str]] = defaultdict(set)
     for module, targets in module_imports().items():
-        graph[node[module]] |= {node[t] for t in targets} - {node[module]}
+        graph[module] |= targets - {module}
     try:
         tuple(TopologicalSorter(graph).static_order())
     except CycleError as exc:
