@@ -19,11 +19,13 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from outbox_app import OutboxEvent
-from outbox_app.ops.streams import event_deliveries
+if TYPE_CHECKING:  # the models load once Django is set up (bench/soak.py
+    # imports this module's free_port before)
+    from outbox_app import OutboxEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +37,9 @@ def deliveries(
     (default: every event) as an operator sees it: its row's state, or, by
     stream, SUCCEEDED once the subscriber's cursor passed it and PENDING
     before."""
+    from outbox_app import OutboxEvent
+    from outbox_app.ops.streams import event_deliveries
+
     chosen = (
         OutboxEvent.objects.using(using).exclude(event_type=None)
         if events is None
