@@ -820,17 +820,14 @@ class StreamSettlement:
         batch, hold = self.batch, self.batch.hold
         if self.ended or hold.lost:
             return
+        settled = batch.last == batch.settled.position and not batch.aside_waiting()
         if batch.own:
-            if batch.last != batch.settled.position or batch.aside_waiting():
-                try:
-                    self.settle(batch.last, [], [], end=True)
-                except LeaseLost:
-                    self.batch.hold.lost = True
-            return
-        if hold.reading != batch.settled:  # a batch before stopped short
+            if settled:
+                return
+        elif hold.reading != batch.settled:  # a batch before stopped short
             hold.ahead = None
             return
-        if batch.last == batch.settled.position and not batch.aside_waiting():
+        elif settled:
             if not batch.more and batch.tick is not None:
                 # Nothing left in the tick: the next read takes a new one
                 # (the row is written with the next move, or the lease).
@@ -843,7 +840,7 @@ class StreamSettlement:
         try:
             self.settle(batch.last, [], [], end=True)
         except LeaseLost:  # the relay that holds the cursor now reads them
-            self.batch.hold.lost = True
+            hold.lost = True
 
     def deferred_outcomes(self) -> Outcomes:
         """The outcomes of the RUNNING rows written for handlers whose
