@@ -80,14 +80,13 @@ def test_an_event_before_the_subscriber_is_not_listed_as_its_delivery(registered
     assert kit.deliveries([before, after]) == {(after.id, "late"): State.SUCCEEDED}
 
 
-def test_a_cursor_moves_once_a_batch_and_writes_nothing_per_event(
-    registered, settings
-):
+def test_a_cursor_moves_once_a_batch_and_writes_nothing_per_event(registered, settings):
     from django.test.utils import CaptureQueriesContext
 
     # One group of handlers for the whole batch, however slow the machine
     # (a group closes after OUTBOX_HANDLER_GROUP_SECONDS).
     settings.OUTBOX_HANDLER_GROUP_SECONDS = 6.0
+
     @registered(OrderPlaced, name="quiet")
     def quiet(event, context):
         pass
