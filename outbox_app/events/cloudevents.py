@@ -82,13 +82,8 @@ class Attribute:
         core spec, "Type System")."""
         if value is None:
             return None
-        if self.kind == "text":
-            return str(value)
-        if self.kind == "time":
-            return rfc3339(value)
-        if self.kind == "header":
-            return None if value in ({}, []) else _text(value)
-        return value
+        convert = _WRITERS[self.kind]
+        return value if convert is None else convert(value)
 
     def read(self, value: Any) -> Any:
         """The attribute's JSON ``value`` (None: absent) as its field's."""
@@ -142,19 +137,21 @@ def write(context: Any) -> dict[str, Any]:
     """The CloudEvents envelope of ``context`` (a
     :class:`~outbox_app.subscribers.DeliveryContext`): ``specversion``,
     ``datacontenttype`` and each attribute of :data:`ATTRIBUTES` that has a
-    value, as JSON types."""
+    value, as JSON types (:meth:`Attribute.write`, unrolled: this runs once
+    per message a publisher sends)."""
     headers = context.headers or {}
     envelope: dict[str, Any] = {
         "specversion": SPECVERSION,
         "datacontenttype": DATA_CONTENT_TYPE,
     }
-    for attribute in ATTRIBUTES:
-        if attribute.kind == "header":
-            value = attribute.write(headers.get(attribute.field))
-        else:
-            value = attribute.write(getattr(context, attribute.field))
+    for name, field, header, convert in _PLAN:
+        value = headers.get(field) if header else getattr(context, field)
         if value is not None:
-            envelope[attribute.name] = value
+            if convert is not None:
+                value = convert(value)
+                if value is None:
+                    continue
+            envelope[name] = value
     return envelope
 
 
@@ -249,3 +246,22 @@ def rfc3339(moment: datetime.datetime) -> str:
         moment = moment.replace(tzinfo=datetime.UTC)
     text = moment.astimezone(datetime.UTC).isoformat()
     return text.removesuffix("+00:00") + "Z"
+
+
+def _header(value: Any) -> str | None:
+    return None if value in ({}, []) else _text(value)
+
+
+#: How each kind of attribute writes a value that is not None (None: as it is).
+_WRITERS: dict[str, Any] = {
+    "text": str,
+    "int": None,
+    "time": rfc3339,
+    "data": None,
+    "header": _header,
+}
+#: :data:`ATTRIBUTES` as :func:`write` reads them: ``(name, field, is a
+#: header, how its value is written)``.
+_PLAN = tuple(
+    (a.name, a.field, a.kind == "header", _WRITERS[a.kind]) for a in ATTRIBUTES
+)
