@@ -580,36 +580,42 @@ class Stream:
         instead, with no tick (a relay run inside a caller's transaction,
         as a test's: a tick counts its own transaction as committed)."""
         d = self.dialect
-        params: list = []
-        if d.stream == "snapshot" and not own:
-            params += [reading.tick, reading.next_tick]
-        if held is not None:
-            params += list(held)
-        if event_types is not None:
-            params += sorted(event_types)
-        partitioned = partitions > 1
-        if partitioned:
-            params += [partitions, partition]
-        params += [reading.position, limit, max_bytes]
-        text = d.stream_read(
-            None if event_types is None else len(event_types),
-            partitioned,
-            None if held is None else len(held),
-            walk,
-            own,
-        )
+        params: list = [] if held is None else list(held)
         with self._cursor() as cursor:
+            tick = None
+            if d.stream == "snapshot" and not own:
+                prev, tick = reading.tick, reading.next_tick
+                if tick is None:
+                    tick = d.current_tick(cursor)
+                    if prev is None or tick == prev:
+                        # Nothing committed since the last tick (the same
+                        # snapshot): no event can be new. (No last tick: the
+                        # cursor starts at this one.)
+                        return StreamRead(tick, [], False)
+                params += d.tick_params(prev, tick, walk)
+            if event_types is not None:
+                params += sorted(event_types)
+            partitioned = partitions > 1
+            if partitioned:
+                params += [partitions, partition]
+            params += [reading.position, limit, max_bytes]
+            text = d.stream_read(
+                None if event_types is None else len(event_types),
+                partitioned,
+                None if held is None else len(held),
+                walk,
+                own,
+            )
             cursor.execute(text, params)
             rows = cursor.fetchall()
-        tick = rows[0][0] if rows else None
         events: list[Streamed] = []
         candidates = 0
+        width = len(EVENT_COLUMNS)
         for row in rows:
-            if row[1] is None:
-                continue
             flag = bool(row[-2]) if held is not None else False
-            columns = row[2 : 2 + len(EVENT_COLUMNS)]
-            context = _context(d, (None, 1, subscriber, *columns), position=row[1])
+            context = _context(
+                d, (None, 1, subscriber, *row[1 : 1 + width]), position=row[0]
+            )
             events.append(Streamed(context, flag))
             candidates = row[-1]
         more = candidates >= limit or len(events) < candidates

@@ -607,20 +607,21 @@ class Dialect:
 
     # -- stream delivery
 
-    def _tick(self) -> tuple[str, list[str]]:
-        """The ``WITH`` part of a stream read that names the tick (none where
-        a position alone is read) and how many of its parameters come
-        first."""
-        return "", []
+    def current_tick(self, cursor) -> str | None:
+        """A tick taken now through ``cursor`` (a DB-API cursor); None where
+        a position alone is read (SQLite)."""
+        return None
 
     def _in_tick(self, walk: bool) -> str:
-        """The condition of an event (``e``) read in the tick: raises
-        NotImplementedError where the database has no stream delivery."""
+        """The condition of an event (``e``) read in the tick (its
+        parameters: :meth:`tick_params`): raises NotImplementedError where
+        the database has no stream delivery."""
         raise NotImplementedError
 
-    def _tick_value(self) -> str:
-        """SQL for the tick a stream read used (its first column)."""
-        return "NULL"
+    def tick_params(self, prev: str, cur: str, walk: bool) -> list:
+        """The parameters of :meth:`_in_tick` for the events visible in tick
+        ``cur`` and not in ``prev``."""
+        return []
 
     def own_events(self) -> str | None:
         """The condition of an event (``e``) written by the reading
@@ -638,10 +639,9 @@ class Dialect:
         own: bool = False,
     ) -> str:
         """A batch of stream delivery: the next events of a cursor, in position
-        order, within a byte budget; one row per event, or one row of NULLs
-        when there is none, each led by the tick read (:meth:`_tick_value`).
+        order, within a byte budget; one row per event.
 
-        Columns: the tick, ``position``, the event columns
+        Columns: ``position``, the event columns
         (:attr:`Tables.event_columns
         <outbox_app.store.tables.Tables.event_columns>`), ``held`` (with
         ``held``: an unfinished delivery of the event's aggregate waits under
@@ -650,12 +650,11 @@ class Dialect:
         it), and how many events the limit let through before
         the byte budget (``candidates``). With ``own``: the events of the
         reading transaction itself (:meth:`own_events`), after a position,
-        with no tick (its column NULL). Parameters: the tick's
-        (:meth:`_tick`; none with ``own``), the ``held`` names,
-        ``type_count`` event types (None: every type), with ``partitioned``
-        the count of partitions and this
-        one's number, the position read last (0: none yet), the limit, the
-        byte budget.
+        with no tick. Parameters: the ``held`` names, the tick's
+        (:meth:`tick_params`; none with ``own``), ``type_count`` event types
+        (None: every type), with ``partitioned`` the count of partitions and
+        this one's number, the position read last (0: none yet), the limit,
+        the byte budget.
         """
         e, n = self.e, self.n
         event_columns = self.tables.event_columns
@@ -704,11 +703,7 @@ class Dialect:
             f"SELECT {', '.join(f'w.{c}' for c in names)}, w.candidates "
             f"FROM ({budget}) w WHERE w.running <= %s OR w.n <= 1"
         )
-        tick, value = ("", "NULL") if own else (self._tick()[0], self._tick_value())
-        return (
-            f"{tick}SELECT {value}, b.* FROM (SELECT 1 AS one) one "
-            f"LEFT JOIN ({within}) b ON 1 = 1 ORDER BY b.position"
-        )
+        return within + " ORDER BY w.position"
 
     def partition_hash(self, alias: str) -> str:
         """SQL for a non-negative hash of an event's (``alias``) aggregate

@@ -199,65 +199,54 @@ class PostgreSQLDialect(Dialect):
 
     # -- stream delivery: ticks are snapshots
 
-    def _tick(self) -> tuple[str, list[str]]:
-        """``tick``: the last finished tick (``prev``) and the one read
-        (``cur``: the given one, or a snapshot taken now), the range of
-        transaction ids begun between them (``lo`` to ``hi``), those still
-        running at ``cur`` and those running at ``prev`` that have ended by
-        ``cur`` (``finished``). Parameters: prev, cur (NULL: now).
-
-        The reading transaction's own id, where it has one (a relay run
-        inside a caller's transaction, as a test's), counts as running in
-        ``cur``: a snapshot counts its own transaction as committed, and its
-        events written after the tick would be taken as read. They are read
-        on their own (:meth:`stream_own_read`)."""
-        return (
-            "WITH t AS (SELECT %s::pg_snapshot AS prev, "
-            "COALESCE(%s::pg_snapshot, pg_current_snapshot()) AS raw, "
-            "pg_current_xact_id_if_assigned() AS own), "
-            f"c AS (SELECT prev, {self._own_running} AS cur FROM t), "
-            "tick AS (SELECT prev, cur, pg_snapshot_xmax(prev) AS lo, "
-            "pg_snapshot_xmax(cur) AS hi, "
-            "ARRAY(SELECT pg_snapshot_xip(cur)) AS running, "
-            "ARRAY(SELECT pg_snapshot_xip(prev) EXCEPT "
-            "SELECT pg_snapshot_xip(cur)) AS finished FROM c) ",
-            ["prev", "cur"],
+    def current_tick(self, cursor) -> str:
+        """A tick taken now: ``pg_current_snapshot()``, with the reading
+        transaction's own id, where it has one (a relay run inside a
+        caller's transaction, as a test's), listed as running: PostgreSQL
+        leaves a transaction's own id out of its snapshots, so they count it
+        as committed, and its events written after the tick would be taken
+        as read. They are read on their own (:meth:`own_events`)."""
+        cursor.execute(
+            "SELECT pg_current_snapshot()::text, pg_current_xact_id_if_assigned()::text"
         )
-
-    #: The snapshot ``raw`` with the transaction ``own`` (NULL: none)
-    #: listed as running where it is not already: PostgreSQL leaves a
-    #: transaction's own id out of its snapshots, so they count it as
-    #: committed.
-    _own_running = (
-        "(pg_snapshot_xmin(raw)::text || ':' || pg_snapshot_xmax(raw)::text || "
-        "':' || array_to_string(ARRAY(SELECT x FROM (SELECT pg_snapshot_xip(raw) "
-        "AS x UNION SELECT own WHERE own >= pg_snapshot_xmin(raw) AND own < "
-        "pg_snapshot_xmax(raw)) u ORDER BY x), ','))::pg_snapshot"
-    )
-
-    def _tick_value(self) -> str:
-        return "(SELECT cur::text FROM tick)"
+        snapshot, own = cursor.fetchone()
+        if own is None:
+            return snapshot
+        xmin, xmax, running = _snapshot(snapshot)
+        if xmin <= int(own) < xmax and int(own) not in running:
+            running = sorted([*running, int(own)])
+        return f"{xmin}:{xmax}:{','.join(map(str, running))}"
 
     def _in_tick(self, walk: bool) -> str:
-        """An event's transaction is visible in ``cur`` and was not in
-        ``prev``: it began at or after ``prev``'s xmax and had ended (it
-        committed: rolled back rows are never seen) by ``cur``, or it was
-        running at ``prev`` and has ended since. Written as ranges and lists
-        of ids, it reads the transaction id index for just those: a long
-        transaction running meanwhile is in neither and widens no scan.
-        ``walk`` (a large tick read on in position order, by the position
-        index): the same rule as ``pg_visible_in_snapshot`` tests, which no
-        index serves."""
+        """An event's transaction is visible in the tick read (``cur``) and
+        was not in the last (``prev``): it began at or after ``prev``'s xmax
+        and had ended (it committed: rolled back rows are never seen) by
+        ``cur``, or it was running at ``prev`` and has ended since. Written
+        as ranges and lists of ids (:meth:`tick_params`), it reads the
+        transaction id index for just those: a long transaction running
+        meanwhile is in neither and widens no scan. ``walk`` (a large tick
+        read on in position order, by the position index): the same rule as
+        ``pg_visible_in_snapshot`` tests, which no index serves."""
         if walk:
             return (
-                "pg_visible_in_snapshot(e.txid, (SELECT cur FROM tick)) "
-                "AND NOT pg_visible_in_snapshot(e.txid, (SELECT prev FROM tick))"
+                "pg_visible_in_snapshot(e.txid, %s::pg_snapshot) "
+                "AND NOT pg_visible_in_snapshot(e.txid, %s::pg_snapshot)"
             )
         return (
-            "((e.txid >= (SELECT lo FROM tick) AND e.txid < (SELECT hi FROM tick) "
-            "AND e.txid <> ALL((SELECT running FROM tick)::xid8[])) "
-            "OR e.txid = ANY((SELECT finished FROM tick)::xid8[]))"
+            "((e.txid >= %s::xid8 AND e.txid < %s::xid8 "
+            "AND e.txid <> ALL(%s::xid8[])) OR e.txid = ANY(%s::xid8[]))"
         )
+
+    def tick_params(self, prev: str, cur: str, walk: bool) -> list:
+        """The parameters of :meth:`_in_tick`: the snapshots (``walk``), or
+        ``prev``'s xmax, ``cur``'s, the transactions running at ``cur`` and
+        those running at ``prev`` that have ended by ``cur``."""
+        if walk:
+            return [cur, prev]
+        _, lo, was_running = _snapshot(prev)
+        _, hi, running = _snapshot(cur)
+        finished = sorted(set(was_running) - set(running))
+        return [str(lo), str(hi), _array(running), _array(finished)]
 
     def partition_hash(self, alias: str) -> str:
         """``hashtext`` of ``<aggregate type>:<aggregate id>`` (the event id
@@ -278,12 +267,7 @@ class PostgreSQLDialect(Dialect):
         # the subscribers it knows of), that transaction's own events are
         # the cursor's too: its id counts as running.
         with connections[using].cursor() as cursor:
-            cursor.execute(
-                f"SELECT {self._own_running}::text FROM (SELECT "
-                "pg_current_snapshot() AS raw, pg_current_xact_id_if_assigned() "
-                "AS own) t"
-            )
-            return cursor.fetchone()[0], 0
+            return self.current_tick(cursor), 0
 
     def _after_origin(self, e: str) -> str:
         return f"NOT pg_visible_in_snapshot({e}.txid, c.first_tick::pg_snapshot)"
@@ -302,3 +286,15 @@ class PostgreSQLDialect(Dialect):
     def own_events(self) -> str | None:
         """The events of the reading transaction itself (none outside one)."""
         return "e.txid = pg_current_xact_id_if_assigned()"
+
+
+def _snapshot(text: str) -> tuple[int, int, list[int]]:
+    """A ``pg_snapshot``'s text (``xmin:xmax:xip,...``) as its xmin, its xmax
+    and the transaction ids running in it."""
+    xmin, xmax, running = text.split(":")
+    return int(xmin), int(xmax), [int(x) for x in running.split(",") if x]
+
+
+def _array(ids: list[int]) -> str:
+    """Transaction ids as an array literal (``{1,2}``), cast to ``xid8[]``."""
+    return "{" + ",".join(map(str, ids)) + "}"
