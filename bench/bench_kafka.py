@@ -22,6 +22,11 @@ port and stopped at the end. Per round, each run writing to a topic of its own:
 * **deliver(), no-op publisher**: the same loop with a publisher that sends
   nothing and reports every message delivered: the relay's own share, the
   ceiling of any publisher here;
+* **a running relay** (stream delivery): the real ``python -m django relay``
+  of a fresh project with default settings, started and idle, holding its
+  cursor, before the clock starts; the events committed in one transaction;
+  timed from that commit until its cursor has none left to read (the move
+  follows the delivery reports; polled every 20 ms);
 * **relay --once**: the real ``python -m django relay --once`` of a fresh
   project with default settings (``bench/settings.py``; the publisher from
   ``$BENCH_PUBLISHERS`` with its default options but the servers and topic),
@@ -51,20 +56,31 @@ django.setup()
 
 from confluent_kafka import Producer  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 
-from bench import CpuMeter, context_for, engine, print_cpu, summarize  # noqa: E402
+from bench import (  # noqa: E402
+    CpuMeter,
+    context_for,
+    engine,
+    print_cpu,
+    publish_orders,
+    summarize,
+)
 from bench.bench_nats import in_process  # noqa: E402  (any publisher)
 from bench.bench_users import (  # noqa: E402
     VENDOR,
     publish_backlog,
     relay_once,
     reset,
+    spawn_relay,
     start_up,
 )
 from outbox_app import OutboxEvent  # noqa: E402
+from outbox_app.ops import streams  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.publishers.kafka import KafkaPublisher  # noqa: E402
+from outbox_app.store.gateway import streaming  # noqa: E402
+from outbox_app.store.models import Cursor  # noqa: E402
 from tests.brokers.tansu import Tansu  # noqa: E402
 
 PUBLISHER = "kafka"
@@ -109,6 +125,28 @@ def raw(servers: str, records: list[tuple[str, bytes, bytes, list]]) -> float:
     return rate
 
 
+def running_relay(events: int, env: dict[str, str]) -> float:
+    """A running ``relay`` process (default settings, ``env``), idle and
+    holding its cursor; ``events`` committed in one transaction: seconds from
+    that commit until its cursor has none left to read."""
+    reset()
+    child = spawn_relay(quiet=True, **env)
+    try:
+        while not Cursor.objects.exclude(locked_by="").exists():
+            if child.poll() is not None:
+                raise SystemExit(f"relay exited ({child.returncode})")
+            time.sleep(0.1)
+        with transaction.atomic():
+            publish_orders(events, "bench.Order")
+        began = time.perf_counter()
+        while streams.awaited():
+            time.sleep(0.02)
+        return time.perf_counter() - began
+    finally:
+        child.terminate()
+        child.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000)
@@ -122,6 +160,8 @@ def main() -> None:
         "deliver(), no-op publisher": [],
         "relay --once": [],
     }
+    if streaming():
+        rates["a running relay"] = []
     empty: list[float] = []
     meter = CpuMeter()
     cpu: dict[str, list[dict[str, float]]] = {
@@ -156,6 +196,9 @@ def main() -> None:
             seconds = relay_once(args.events, **env(f"relay{round_}"))
             cpu["relay --once"].append(meter.stop())
             rates["relay --once"].append(args.events / seconds)
+            if streaming():
+                seconds = running_relay(args.events, env(f"running{round_}"))
+                rates["a running relay"].append(args.events / seconds)
             print(
                 f"round {round_ + 1}: "
                 + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()),
@@ -164,7 +207,8 @@ def main() -> None:
     medians = {k: statistics.median(v) for k, v in rates.items()}
     print(
         f"{VENDOR}, {args.events:,} events, {args.rounds} round(s), batches of 500 "
-        f"(in-process) / default settings (relay --once), process start included "
+        f"(in-process) / default settings (relay --once, a running relay), "
+        f"process start included (relay --once) "
         f"({statistics.median(empty):.2f} s with nothing to do); tansu in memory; "
         f"{engine()} delivery"
     )
