@@ -56,14 +56,13 @@ django.setup()
 
 from confluent_kafka import Producer  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from bench import (  # noqa: E402
     CpuMeter,
     context_for,
     engine,
     print_cpu,
-    publish_orders,
     summarize,
 )
 from bench.bench_nats import in_process  # noqa: E402  (any publisher)
@@ -74,13 +73,12 @@ from bench.bench_users import (  # noqa: E402
     reset,
     spawn_relay,
     start_up,
+    stream_drained,
 )
 from outbox_app import OutboxEvent  # noqa: E402
-from outbox_app.ops import streams  # noqa: E402
 from outbox_app.publishers.base import Publisher  # noqa: E402
 from outbox_app.publishers.kafka import KafkaPublisher  # noqa: E402
 from outbox_app.store.gateway import streaming  # noqa: E402
-from outbox_app.store.models import Cursor  # noqa: E402
 from tests.brokers.tansu import Tansu  # noqa: E402
 
 PUBLISHER = "kafka"
@@ -132,16 +130,7 @@ def running_relay(events: int, env: dict[str, str]) -> float:
     reset()
     child = spawn_relay(quiet=True, **env)
     try:
-        while not Cursor.objects.exclude(locked_by="").exists():
-            if child.poll() is not None:
-                raise SystemExit(f"relay exited ({child.returncode})")
-            time.sleep(0.1)
-        with transaction.atomic():
-            publish_orders(events, "bench.Order")
-        began = time.perf_counter()
-        while streams.awaited():
-            time.sleep(0.02)
-        return time.perf_counter() - began
+        return stream_drained(events, 1, 1, [child])
     finally:
         child.terminate()
         child.wait()

@@ -474,6 +474,31 @@ def relays_once(count: int, expected: int, **env: str) -> float:
     return elapsed
 
 
+def stream_drained(
+    expected: int, partitions: int, holders: int, children: list[subprocess.Popen]
+) -> float:
+    """Once running relays (``children``) hold the ``partitions`` cursors
+    between ``holders`` of them, ``expected`` events committed in one
+    transaction: seconds from that commit until no cursor has one left to
+    read (polled every 20 ms)."""
+    from outbox_app.ops import streams
+
+    while (
+        Cursor.objects.exclude(locked_by="").count() < partitions
+        or Cursor.objects.values("locked_by").distinct().count() < holders
+    ):
+        for child in children:
+            if child.poll() is not None:
+                raise SystemExit(f"relay exited ({child.returncode})")
+        time.sleep(0.1)
+    with transaction.atomic():
+        publish_orders(expected, "bench.Order")
+    began = time.perf_counter()
+    while streams.awaited():
+        time.sleep(0.02)
+    return time.perf_counter() - began
+
+
 def relays_running(count: int, expected: int, partitions: int) -> float:
     """``count`` long-running ``relay`` processes (a no-op handler), started
     and idle before the clock starts. Row delivery: the subscriber paused by
@@ -486,7 +511,6 @@ def relays_running(count: int, expected: int, partitions: int) -> float:
     to read (polled every 20 ms)."""
     from django.db.models import Max, Min
 
-    from outbox_app.ops import streams
     from outbox_app.ops import subscriptions as operations
     from outbox_app.store.gateway import streaming
 
@@ -495,18 +519,9 @@ def relays_running(count: int, expected: int, partitions: int) -> float:
     children = [spawn_relay(quiet=True, **env) for _ in range(count)]
     try:
         if streaming():
-            holders = min(count, partitions)
-            while (
-                Cursor.objects.exclude(locked_by="").count() < partitions
-                or Cursor.objects.values("locked_by").distinct().count() < holders
-            ):
-                time.sleep(0.1)
-            with transaction.atomic():
-                publish_orders(expected, "bench.Order")
-            began = time.perf_counter()
-            while streams.awaited():
-                time.sleep(0.02)
-            return time.perf_counter() - began
+            return stream_drained(
+                expected, partitions, min(count, partitions), children
+            )
         rows = Subscription.objects.all()
         while not rows.exists():
             time.sleep(0.1)
