@@ -101,16 +101,22 @@ def load(conn, events: int, subscribers: list[str]) -> None:
     cursor.fetchall()
 
 
+def locked(cursor, condition: str) -> list[int]:
+    """Lock up to :data:`BATCH` events matching ``condition``, in id order,
+    skipping those another transaction holds (one not committed yet
+    included); their ids."""
+    cursor.execute(
+        f"SELECT id FROM {E} WHERE {condition} ORDER BY id LIMIT %s "
+        "FOR UPDATE SKIP LOCKED",
+        (BATCH,),
+    )
+    return [r[0] for r in cursor.fetchall()]
+
+
 def rows(conn, subscribers: list[str]) -> None:
     cursor = conn.cursor()
     while True:
-        # Fan out a batch of events.
-        cursor.execute(
-            f"SELECT id FROM {E} WHERE NOT fanned_out ORDER BY id LIMIT %s "
-            "FOR UPDATE SKIP LOCKED",
-            (BATCH,),
-        )
-        ids = [r[0] for r in cursor.fetchall()]
+        ids = locked(cursor, "NOT fanned_out")  # fan out a batch of events
         if ids:
             marks = ", ".join(["%s"] * len(ids))
             for name in subscribers:
@@ -159,12 +165,7 @@ def numbered(conn, subscribers: list[str]) -> None:
     cursor = conn.cursor()
     while True:
         # Number the committed events not numbered yet, in id order.
-        cursor.execute(
-            f"SELECT id FROM {E} WHERE seq IS NULL ORDER BY id LIMIT %s "
-            "FOR UPDATE SKIP LOCKED",
-            (BATCH,),
-        )
-        ids = [r[0] for r in cursor.fetchall()]
+        ids = locked(cursor, "seq IS NULL")
         if ids:
             cursor.execute(f"SELECT next FROM {K} WHERE k = 1 FOR UPDATE")
             first = cursor.fetchone()[0] + 1
