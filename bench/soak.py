@@ -15,10 +15,9 @@ broker; effect duplicates, order violations, deliveries not done and
 unfinished, each of which must be 0; lags and retries; elapsed time) and exits
 0 when every invariant holds, 1 when one fails, 2 when it cannot run here.
 
-**The delivery engine** judged is the project's default for the database
-(stream delivery on PostgreSQL: each subscriber's cursor reads the outbox,
-and a delivery row is written only for what needs attention; rows on
-MySQL/MariaDB), or the one ``OUTBOX_ENGINE`` names in the environment
+**The delivery engine** judged is the project's default (stream delivery:
+each subscriber's cursor reads the outbox, and a delivery row is written
+only for what needs attention), or the one ``OUTBOX_ENGINE`` names in the environment
 (``stream`` or ``rows``), passed on to every process. The checks read
 deliveries as operators see them, so they hold for either engine.
 

@@ -193,8 +193,7 @@ SETTINGS: dict[str, Setting] = {
             'How relays deliver new events: "stream" (each subscriber reads '
             "the outbox through its cursors and writes a delivery row only for "
             'what needs attention), "rows" (a delivery row per event and '
-            "subscriber), or None: stream where the database can (PostgreSQL, "
-            "SQLite), rows elsewhere (MySQL/MariaDB).",
+            "subscriber), or None: stream.",
         ),
         Setting(
             "PARTITIONS",

@@ -9,6 +9,7 @@ from .store.models import (
     Notification,
     OutboxEvent,
     OutboxOverview,
+    Sequencer,
     SubscriberPause,
     Subscription,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "Notification",
     "OutboxEvent",
     "OutboxOverview",
+    "Sequencer",
     "SubscriberPause",
     "Subscription",
 ]

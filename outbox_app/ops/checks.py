@@ -387,30 +387,6 @@ def check_sqlite_relays(app_configs=None, databases=None, **kwargs):
     ]
 
 
-@checks.register("outbox")
-def check_stream_engine(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """``OUTBOX_ENGINE = "stream"`` where a database has no stream delivery
-    (MySQL/MariaDB have no snapshot functions): its relays would deliver by
-    rows anyway, unlike the setting says."""
-    from django.db import connections
-
-    from ..store.sql import dialect_if_supported
-
-    if outbox_settings.raw("ENGINE") != "stream":
-        return []
-    return [
-        checks.Error(
-            f"OUTBOX_ENGINE is 'stream' but database {alias!r} is "
-            f"{found.vendor}, which has no stream delivery.",
-            hint="Leave OUTBOX_ENGINE unset (None): stream where the database "
-            "can, rows elsewhere; or set it to 'rows'.",
-            id="outbox.E031",
-        )
-        for alias in connections
-        if (found := dialect_if_supported(alias)) and found.stream is None
-    ]
-
-
 @checks.register("outbox", checks.Tags.security, deploy=True)
 def check_metrics_token(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """Under ``check --deploy``: a routed metrics view has a token to check

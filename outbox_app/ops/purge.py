@@ -162,11 +162,10 @@ def purgeable(
         | Q(completed_at__gte=cutoff)
     )
     events = _old_events(cutoff, using).filter(~Exists(keeps_event))
+    # Stream delivery: a cursor still to read it keeps it too.
     d = dialect(using)
-    if d.stream is not None:
-        # Stream delivery: a cursor still to read it keeps it too.
-        table = d.quote(OutboxEvent._meta.db_table)
-        events = events.extra(where=[f"NOT {d.awaited(table)}"])
+    table = d.quote(OutboxEvent._meta.db_table)
+    events = events.extra(where=[f"NOT {d.awaited(table)}"])
     return Purgeable(
         cutoff=cutoff,
         events=events,

@@ -458,27 +458,26 @@ def deliveries_per_minute(
         .values_list("minute", "n")
     )
     d = dialect(using)
-    if d.stream is not None:
-        # Stream delivery keeps no row, nor time, of what it delivered: an
-        # event read past counts in the minute it was published.
-        streamed = (
-            OutboxEvent.objects.using(using)
-            .filter(
-                fanned_out__isnull=True,
-                event_type__isnull=False,
-                created_at__gte=start,
-                created_at__lt=end,
-            )
-            .annotate(
-                minute=TruncMinute("created_at", tzinfo=_UTC),
-                n=RawSQL(d.streamed_count(), [], output_field=IntegerField()),
-            )
-            .order_by()
-            .values_list("minute")
-            .annotate(total=Sum("n"))
-            .values_list("minute", "total")
+    # Stream delivery keeps no row, nor time, of what it delivered: an
+    # event read past counts in the minute it was published.
+    streamed = (
+        OutboxEvent.objects.using(using)
+        .filter(
+            fanned_out__isnull=True,
+            event_type__isnull=False,
+            created_at__gte=start,
+            created_at__lt=end,
         )
-        buckets = [*buckets, *streamed]
+        .annotate(
+            minute=TruncMinute("created_at", tzinfo=_UTC),
+            n=RawSQL(d.streamed_count(), [], output_field=IntegerField()),
+        )
+        .order_by()
+        .values_list("minute")
+        .annotate(total=Sum("n"))
+        .values_list("minute", "total")
+    )
+    buckets = [*buckets, *streamed]
     for minute, n in buckets:
         index = int((minute.astimezone(_UTC) - start).total_seconds() // 60)
         if 0 <= index < CHART_MINUTES:

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connections, router
 
 from ..store.clock import database_now
+from ..store.gateway import Stream
 from ..store.lifecycle import State
 from ..store.models import Cursor, Delivery, OutboxEvent, Subscription
 from ..store.sql import dialect
@@ -97,8 +98,6 @@ def hand_over(
     reading them (the lifecycle's ``hand_over``). An event with a row
     already keeps it. Returns rows written."""
     d = dialect(using)
-    if d.stream is None:
-        return 0
     types = None if event_types is None else sorted(event_types)
     now = d.datetime_param(database_now(using))
     skipped = state == State.SKIPPED
@@ -135,12 +134,9 @@ def restart(subscribers: Iterable[str], using: str = "default") -> int:
     not receive what was published meanwhile, as fan-out did not create
     deliveries for it). A relay holding one loses its lease and takes it
     again. Returns cursors moved."""
-    d = dialect(using)
     moved = 0
-    if d.stream is None:
-        return moved
     for name in subscribers:
-        tick, position = d.first_reading(using, False)
+        tick, position = Stream(using).first_reading(False)
         moved += (
             Cursor.objects.using(using)
             .filter(subscriber=name)
@@ -172,11 +168,10 @@ def delivered(using: str = "default") -> dict[str, set]:
     ):
         done.setdefault(subscriber, set()).add(event_id)
     d = dialect(using)
-    if d.stream is not None:
-        with connections[using].cursor() as cursor:
-            cursor.execute(d.streamed, [])  # [] : "%%" is read as "%"
-            for event_id, subscriber in cursor.fetchall():
-                done.setdefault(subscriber, set()).add(d.uuid_value(event_id))
+    with connections[using].cursor() as cursor:
+        cursor.execute(d.streamed, [])  # [] : "%%" is read as "%"
+        for event_id, subscriber in cursor.fetchall():
+            done.setdefault(subscriber, set()).add(d.uuid_value(event_id))
     return done
 
 
@@ -185,8 +180,6 @@ def waiting(using: str = "default") -> dict[tuple[str, str], int]:
     ``(subscriber, event type)`` (of the types its active subscriptions
     take): the stream's share of what waits for it."""
     d = dialect(using)
-    if d.stream is None:
-        return {}
     text = (
         f"SELECT c.subscriber, e.event_type, COUNT(*) FROM {d.e} e JOIN {d.c} c "
         f"ON {d.cursor_covers()} WHERE {d.streamed_event()} AND "
@@ -203,8 +196,6 @@ def awaited(using: str = "default") -> int:
     read (of a type its subscriber's active subscriptions take): the
     streams' backlog, whose rows do not exist."""
     d = dialect(using)
-    if d.stream is None:
-        return 0
     text = (
         f"SELECT COUNT(*) FROM {d.e} e WHERE {d.streamed_event()} AND {d.awaited('e')}"
     )
@@ -231,8 +222,6 @@ def lag(
     Events count only where the subscriber's active subscriptions take their
     type. ``now`` defaults to the database's clock."""
     d = dialect(using)
-    if d.stream is None:
-        return []
     now = now or database_now(using)
     text = (
         f"SELECT c.id, COUNT(e.id), MIN(e.created_at) FROM {d.c} c LEFT JOIN "

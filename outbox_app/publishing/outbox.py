@@ -642,7 +642,8 @@ def _columns(
     whether their values cross the DB-API as they are (text, numbers,
     booleans: ``get_db_prep_save`` would return them unchanged), per
     database. ``position`` and ``txid`` are not among them: the database
-    fills them; nor is ``fanned_out``, a literal of the statement."""
+    fills them; nor is ``sequence``, a relay's (MySQL/MariaDB), or
+    ``fanned_out``, a literal of the statement."""
     from ..store.models import OutboxEvent
 
     native_uuid = connections[alias].features.has_native_uuid_field
@@ -653,7 +654,7 @@ def _columns(
             or (isinstance(f, models.UUIDField) and native_uuid),
         )
         for f in OutboxEvent._meta.concrete_fields
-        if f.attname not in ("position", "txid", "fanned_out")
+        if f.attname not in ("position", "txid", "sequence", "fanned_out")
         and (action or f.attname not in _ACTION_FIELDS)
         and (extra or f.attname not in _EXTRA_FIELDS)
     )

@@ -543,7 +543,10 @@ class _Turns:
                     subscriber, hold, self.cursors, self.batch_size, self.now, types
                 )
                 taken += self.deliver_stream(subscriber, batch)
-                if batch.more and subscriber not in busy:
+                # More in the tick, or (MySQL/MariaDB) events committed
+                # after it wait to be numbered: a next tick.
+                more = batch.more or self.cursors.stream.behind
+                if more and subscriber not in busy:
                     busy.append(subscriber)
         return taken
 

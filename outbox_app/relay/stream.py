@@ -335,7 +335,7 @@ class Cursors:
             LeaseLost: another relay took one of them meanwhile (nothing is
                 written).
         """
-        tick, _ = self.stream.dialect.first_reading(self.using, False)
+        tick, _ = self.stream.first_reading(False)
         rows = Cursor.objects.using(self.using)
         stopping = [hold for hold in holds if hold.stop is None]
         with transaction.atomic(using=self.using):

@@ -54,6 +54,9 @@ from .tables import EVENT_COLUMNS
 
 #: No byte budget: larger than any batch's payloads.
 UNBOUNDED = 2**62
+#: How many events a relay numbers at most in one go (MySQL/MariaDB's stream
+#: delivery): a tick holds about as many.
+NUMBER_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -483,12 +486,11 @@ class Diverted:
 def streaming(using: str = "default") -> bool:
     """Whether events published on database ``using`` are delivered by stream
     (each subscriber's cursor reads them; rows only for what needs
-    attention) rather than by a delivery row per subscriber: where the
-    database can (:attr:`Dialect.stream <outbox_app.store.sql.base.Dialect.
-    stream>`: PostgreSQL, SQLite) unless ``OUTBOX_ENGINE`` is ``"rows"``.
-    ``publish()`` writes an event for the one or the other; relays deliver
-    both kinds of event whatever the setting."""
-    return outbox_settings.ENGINE != "rows" and dialect(using).stream is not None
+    attention) rather than by a delivery row per subscriber: unless
+    ``OUTBOX_ENGINE`` is ``"rows"``. ``publish()`` writes an event for the
+    one or the other; relays deliver both kinds of event whatever the
+    setting, on every database (``using``)."""
+    return outbox_settings.ENGINE != "rows"
 
 
 def partitions(subscriber, using: str = "default") -> int:
@@ -514,6 +516,9 @@ class Stream:
 
     def __init__(self, using: str = "default"):
         self.using = using
+        #: The last numbering took as many events as it may: more wait to be
+        #: numbered, at the next tick (:meth:`number`).
+        self.behind = False
 
     @property
     def dialect(self) -> Dialect:
@@ -548,7 +553,7 @@ class Stream:
         ]
         with self._cursor() as cursor:
             cursor.execute(d.take_cursor, params)
-            row = cursor.fetchone()
+            row = self._returned(cursor, d.TAKEN, cursor_id, token)
         if row is None:
             return None
         tick, next_tick, position, stop_tick, own = row
@@ -583,10 +588,10 @@ class Stream:
         params: list = [] if held is None else list(held)
         with self._cursor() as cursor:
             tick = None
-            if d.stream == "snapshot" and not own:
+            if d.stream != "position" and not own:
                 prev, tick = reading.tick, reading.next_tick
                 if tick is None:
-                    tick = d.current_tick(cursor)
+                    tick = self.tick(cursor)
                     if prev is None or tick == prev:
                         # Nothing committed since the last tick (the same
                         # snapshot): no event can be new. (No last tick: the
@@ -621,6 +626,68 @@ class Stream:
         more = candidates >= limit or len(events) < candidates
         return StreamRead(tick, events, more)
 
+    def tick(self, cursor) -> str:
+        """A tick taken now through ``cursor`` (a DB-API cursor). Where the
+        relays number events (MySQL/MariaDB), the committed events not
+        numbered yet are numbered first (:meth:`number`)."""
+        d = self.dialect
+        if d.stream == "numbered":
+            last = self.number()
+            if last is not None:
+                return str(last)
+        return d.current_tick(cursor)
+
+    def first_reading(self, earliest: bool) -> tuple[str | None, int]:
+        """Where a new cursor starts: ``(tick, position)`` of the events
+        committed from now on, or with ``earliest`` of every event kept.
+        Where the relays number events (MySQL/MariaDB), those committed and
+        not numbered yet are numbered first, so the cursor starts after
+        them; except inside a transaction (one publishing, as it records the
+        subscribers it knows of), which would hold the sequencer's row to
+        its end: there the cursor also receives the events committed since
+        a relay last numbered."""
+        d = self.dialect
+        if (
+            not earliest
+            and d.stream == "numbered"
+            and not connections[self.using].in_atomic_block
+        ):
+            self.number()
+        return d.first_reading(self.using, earliest)
+
+    def number(self, limit: int = NUMBER_LIMIT) -> int | None:
+        """Number up to ``limit`` committed events written for stream
+        delivery that have none yet, in position order, after the last
+        number given, in one transaction holding the sequencer's row
+        (MySQL/MariaDB: :class:`~outbox_app.store.models.Sequencer`). Returns
+        the last number given, or None when another relay holds the row (it
+        is numbering now). Sets :attr:`behind`."""
+        d = self.dialect
+        self.behind = False
+        with transaction.atomic(using=self.using), self._cursor() as cursor:
+            cursor.execute(d.sequencer_lock)
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute(d.sequencer_last)
+                if cursor.fetchone() is not None:
+                    return None  # held
+                cursor.execute(d.sequencer_create)
+                cursor.execute(d.sequencer_lock)
+                row = cursor.fetchone()
+                if row is None:
+                    return None  # another relay created it, and holds it
+            last = row[0]
+            cursor.execute(d.unnumbered, [limit])
+            positions = [found[0] for found in cursor.fetchall()]
+            self.behind = len(positions) == limit
+            if not positions:
+                return last
+            pairs = [v for n, p in enumerate(positions, last + 1) for v in (p, n)]
+            cursor.execute(d.number(len(positions)), [*pairs, *positions])
+            last += len(positions)
+            cursor.execute(d.sequenced, [last])
+            return last
+
     def move(
         self,
         cursor_id: int,
@@ -650,8 +717,22 @@ class Stream:
         ]
         with self._cursor() as cursor:
             cursor.execute(d.advance_cursor, params)
-            row = cursor.fetchone()
+            row = self._returned(cursor, "wanted_by", cursor_id, token)
         return None if row is None else row[0]
+
+    def _returned(
+        self, cursor, columns: str, cursor_id: int, token: uuid.UUID
+    ) -> tuple | None:
+        """The row an ``UPDATE`` of the cursor ``cursor_id`` fenced by
+        ``token`` returned (``columns``); where the database returns none,
+        read after it (None: it updated no row)."""
+        d = self.dialect
+        if d.update_returning:
+            return cursor.fetchone()
+        if cursor.rowcount != 1:
+            return None
+        cursor.execute(d.held_cursor(columns), [cursor_id, d.uuid_param(token)])
+        return cursor.fetchone()
 
     def own(self, cursor_id: int, token: uuid.UUID, position: int) -> bool:
         """Write ``position`` as the last delivered of the reading
@@ -738,6 +819,9 @@ class Stream:
             ids: list[int | None] = []
             for row in rows:
                 cursor.execute(d.divert(True), params(row))
+                if not d.update_returning:
+                    ids.append(cursor.lastrowid if cursor.rowcount == 1 else None)
+                    continue
                 found = cursor.fetchone()
                 ids.append(None if found is None else found[0])
             return ids

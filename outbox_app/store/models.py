@@ -147,6 +147,16 @@ class OutboxEvent(models.Model):
             "committed between two ticks. Empty on other databases."
         ),
     )
+    sequence = models.BigIntegerField(
+        null=True,
+        editable=False,
+        help_text=_(
+            "MySQL/MariaDB, stream delivery: the event's number in commit "
+            "order, given by a relay once the event committed (the one write "
+            "after its INSERT); a tick is the last number given. Empty until "
+            "then, and on other databases."
+        ),
+    )
 
     objects = OutboxEventQuerySet.as_manager()
 
@@ -204,6 +214,16 @@ class OutboxEvent(models.Model):
                 name="outbox_event_stream",
                 when=Q(txid__isnull=False),
                 fallback_prefix=None,
+            ),
+            # Stream delivery on MySQL/MariaDB: a tick's events by their
+            # number, and the events a relay numbers next (no number, written
+            # for stream delivery) in position order. Filled nowhere else,
+            # where the partial index holds nothing.
+            FilteredIndex(
+                fields=["sequence", "fanned_out", "position"],
+                name="outbox_event_sequence",
+                when=Q(sequence__isnull=False),
+                fallback_prefix=[],
             ),
         ]
 
@@ -528,6 +548,28 @@ class Cursor(models.Model):
         if self.partitions == 1:
             return self.subscriber
         return f"{self.subscriber} [{self.partition + 1}/{self.partitions}]"
+
+
+class Sequencer(models.Model):
+    """MySQL/MariaDB, stream delivery: the last number given to an event in
+    commit order (:attr:`OutboxEvent.sequence`). One row, created by the
+    first relay that numbers events; a relay numbers a batch of committed
+    events while it holds the row's lock (``FOR UPDATE SKIP LOCKED``: one
+    relay at a time, the others read on), and the numbers commit with the
+    row, so they become visible in order and a cursor that has read to a
+    number has seen every smaller one. Unused on other databases.
+    """
+
+    last = models.BigIntegerField(
+        default=0, help_text=_("The last number given (0: none yet).")
+    )
+
+    class Meta:
+        verbose_name = _("sequencer")
+        verbose_name_plural = _("sequencer")
+
+    def __str__(self) -> str:
+        return f"sequencer at {self.last}"
 
 
 class InboxMessage(models.Model):

@@ -637,10 +637,8 @@ class CursorQuerySet(QuerySet):
         Returns:
             Cursors created or taken over.
         """
-        from .gateway import partitions
-        from .sql import dialect
+        from .gateway import Stream, partitions
 
-        d = dialect(self.db)
         created = 0
         for subscriber in subscribers:
             count = partitions(subscriber, self.db)
@@ -658,7 +656,7 @@ class CursorQuerySet(QuerySet):
                 first = getattr(
                     subscriber, "start", "now"
                 ) == "earliest" or self._recorded_before(subscriber.name, now)
-            tick, position = d.first_reading(self.db, first)
+            tick, position = Stream(self.db).first_reading(first)
             now = database_now(self.db)
             rows = [
                 self.model(

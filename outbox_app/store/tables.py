@@ -61,6 +61,8 @@ class Tables:
         delivery: the deliveries' table (``Delivery``).
         subscription: the relay's subscriptions' table (``Subscription``).
         cursor: stream delivery's cursors' table (``Cursor``).
+        sequencer: the table of the last number given to an event in commit
+            order (``Sequencer``; MySQL/MariaDB).
         delivery_defaults: column -> its model field's default, for every
             column of the deliveries' table but the primary key, in the
             model's field order: what a statement inserting a delivery
@@ -75,6 +77,7 @@ class Tables:
     delivery: str
     subscription: str
     cursor: str
+    sequencer: str
     delivery_defaults: dict[str, Any]
     event_columns: tuple[str, ...] = EVENT_COLUMNS
     copied_columns: tuple[str, ...] = COPIED_COLUMNS
@@ -94,6 +97,7 @@ class Tables:
             delivery=delivery._meta.db_table,
             subscription=model("Subscription")._meta.db_table,
             cursor=model("Cursor")._meta.db_table,
+            sequencer=model("Sequencer")._meta.db_table,
             delivery_defaults={
                 field.column: field.get_default()
                 for field in delivery._meta.concrete_fields

@@ -36,8 +36,6 @@ from .test_delivery import place
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.engine("stream"),
-    # Where stream delivery runs: MySQL/MariaDB deliver by rows.
-    pytest.mark.only_database("postgresql", "sqlite"),
 ]
 
 
@@ -101,7 +99,7 @@ def test_a_cursor_moves_once_a_batch_and_writes_nothing_per_event(registered, se
     assert not Delivery.objects.exists()
 
 
-@pytest.mark.only_database("postgresql")
+@pytest.mark.only_database("postgresql", "mysql")
 def test_writers_committing_out_of_order_with_rollbacks_and_a_long_transaction(
     registered,
 ):
@@ -226,7 +224,7 @@ def test_a_tick_larger_than_a_batch_is_read_on_in_order(registered):
     assert len(seen) == len(set(OutboxEvent.objects.values_list("id"))) == 203
 
 
-@pytest.mark.only_database("postgresql")  # SQLite: one relay per file
+@pytest.mark.only_database("postgresql", "mysql")  # SQLite: one relay per file
 def test_a_handler_group_whose_cursor_was_taken_over_commits_nothing(
     registered, settings
 ):
@@ -407,7 +405,7 @@ def _publish_steps(aggregates: int, per_aggregate: int, start: int = 0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.only_database("postgresql")
+@pytest.mark.only_database("postgresql", "mysql")
 def test_two_relays_share_a_subscriber_s_partitions_and_keep_each_aggregate_in_order(
     handlers,
 ):
@@ -462,7 +460,7 @@ def test_two_relays_share_a_subscriber_s_partitions_and_keep_each_aggregate_in_o
 
 
 @pytest.mark.slow
-@pytest.mark.only_database("postgresql")
+@pytest.mark.only_database("postgresql", "mysql")
 def test_changing_the_partitions_loses_nothing_and_delivers_nothing_twice(handlers):
     """A relay started with three partitions, where the cursors have two,
     stops them at one tick and makes three that read on from there: every

@@ -373,17 +373,3 @@ def test_hints_say_it_there_not_in_pages_a_wheel_lacks(
     for message in found:
         assert "docs/" not in message.msg and "docs/" not in (message.hint or "")
     assert any(hint in (m.hint or "") for m in found), [m.hint for m in found]
-
-
-@pytest.mark.every_database
-def test_stream_delivery_where_the_database_has_none_is_an_error(settings):
-    from django.db import connections
-
-    from outbox_app.ops.checks import check_stream_engine
-
-    settings.OUTBOX_ENGINE = "stream"
-    found = check_stream_engine()
-    mysql = [a for a in connections if connections[a].vendor == "mysql"]
-    assert [m.id for m in found] == ["outbox.E031"] * len(mysql)
-    settings.OUTBOX_ENGINE = None
-    assert check_stream_engine() == []

@@ -94,9 +94,13 @@ class Dialect:
         stream: how stream delivery reads the outbox here: ``"snapshot"``
             (PostgreSQL: a batch is the events whose writing transaction is
             visible in one tick and was not in the previous one, in position
-            order), ``"position"`` (SQLite: one writer at a time numbers
-            positions in commit order, so the last position read is exact),
-            or None (MySQL/MariaDB: no snapshot functions; row delivery).
+            order), ``"numbered"`` (MySQL/MariaDB, which have no snapshot
+            functions: the relays number committed events in commit order,
+            a tick is the last number given, and a batch is the events
+            numbered after the previous tick and up to this one, in
+            position order), ``"position"`` (SQLite: one writer at a time
+            numbers positions in commit order, so the last position read is
+            exact).
         transaction_id_type, current_transaction_id: the column type of an
             event's writing transaction id and the SQL of its default
             (PostgreSQL: ``xid8``, ``pg_current_xact_id()``); None and
@@ -104,7 +108,7 @@ class Dialect:
     """
 
     vendor: str = ""
-    stream: str | None = None
+    stream: str = ""
     transaction_id_type: str | None = None
     current_transaction_id = "NULL"
     update_returning = False
@@ -124,6 +128,7 @@ class Dialect:
         self.e = self.quote(tables.event)
         self.s = self.quote(tables.subscription)
         self.c = self.quote(tables.cursor)
+        self.q = self.quote(tables.sequencer)
         self.claimable = _states(CLAIMABLE)
         self.unfinished = _states(UNFINISHED)
         # The partial index spells it NOT "fanned_out" (SQLite matches the text).
@@ -791,35 +796,62 @@ class Dialect:
             f"{self.delivered_by_stream(self.e)})"
         )
 
+    #: A tick before every event: a cursor starting there reads every event
+    #: kept.
+    EMPTY_TICK = ""
+
     def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
         """Where a new cursor starts: ``(tick, position)`` of the events
-        committed from now on, or with ``earliest`` of every event kept."""
-        raise NotImplementedError
+        committed from now on (the current tick: on PostgreSQL, inside a
+        transaction that has written, as one publishing that records the
+        subscribers it knows of, that transaction's own events are the
+        cursor's too, its id counting as running), or with ``earliest`` of
+        every event kept (:attr:`EMPTY_TICK`)."""
+        if earliest:
+            return self.EMPTY_TICK, 0
+        with connections[using].cursor() as cursor:
+            return self.current_tick(cursor), 0
 
     @functools.cached_property
     def take_cursor(self) -> str:
         """Lease a cursor (by id) that is free or whose lease ran out, and
         read its state. Parameters: the lease token, the worker, the lease's
         expiry, now; the id; now. Returns ``tick, next_tick, position,
-        stop_tick, own_position`` (no row: another relay holds it)."""
+        stop_tick, own_position`` (no row: another relay holds it); without
+        ``UPDATE ... RETURNING``, nothing (:meth:`held_cursor` reads it)."""
         return (
             f"UPDATE {self.c} SET lease_token = %s, locked_by = %s, "
             "locked_until = %s, wanted_by = '', updated_at = %s WHERE id = %s "
             "AND (lease_token IS NULL OR locked_until IS NULL OR locked_until "
-            "<= %s) RETURNING tick, next_tick, position, stop_tick, own_position"
+            f"<= %s){self._returning(self.TAKEN)}"
         )
+
+    #: What taking a cursor reads of it (:meth:`take_cursor`).
+    TAKEN = "tick, next_tick, position, stop_tick, own_position"
+
+    def _returning(self, columns: str) -> str:
+        """`` RETURNING columns`` where an ``UPDATE`` may return them."""
+        return f" RETURNING {columns}" if self.update_returning else ""
+
+    @functools.cache  # noqa: B019
+    def held_cursor(self, columns: str) -> str:
+        """Read ``columns`` of a cursor (by id) held under a lease token:
+        what an ``UPDATE ... RETURNING`` of it would have, where there is
+        none. Parameters: the id, the token."""
+        return f"SELECT {columns} FROM {self.c} WHERE id = %s AND lease_token = %s"
 
     @functools.cached_property
     def advance_cursor(self) -> str:
         """Write a cursor's state and extend its lease, fenced by the lease
         token. Parameters: tick, next tick, position, the lease's expiry,
         when a tick was read to its end (NULL: none was), now; the id, the
-        token. Returns ``wanted_by`` (no row: the lease was lost)."""
+        token. Returns ``wanted_by`` (no row: the lease was lost); without
+        ``UPDATE ... RETURNING``, nothing (:meth:`held_cursor` reads it)."""
         return (
             f"UPDATE {self.c} SET tick = %s, next_tick = %s, position = %s, "
             "locked_until = %s, ticked_at = COALESCE(%s, ticked_at), "
-            "updated_at = %s WHERE id = %s AND lease_token = %s "
-            "RETURNING wanted_by"
+            "updated_at = %s WHERE id = %s AND lease_token = %s"
+            + self._returning("wanted_by")
         )
 
     @functools.cached_property
@@ -869,9 +901,11 @@ class Dialect:
         copied columns, then :data:`DIVERTED` (parameters, in that
         order), every other column at its model field's default; an existing
         ``(event, subscriber)`` row is left alone. The last parameter: the
-        event's id. ``returning``: the new row's id comes back."""
+        event's id. ``returning``: the new row's id comes back (where an
+        ``UPDATE`` may return rows; elsewhere the cursor's ``lastrowid``
+        is it)."""
         return self.divert_from(f"FROM {self.e} e WHERE e.id = %s") + (
-            " RETURNING id" if returning else ""
+            self._returning("id") if returning else ""
         )
 
     def divert_from(self, source: str) -> str:

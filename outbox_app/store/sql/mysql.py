@@ -1,8 +1,9 @@
 """MySQL 8 and MariaDB 10.6+: no writable CTE and no ``UPDATE ...
 RETURNING``, so a claim is three statements in one transaction; ``INSERT
 IGNORE``, multi-table ``UPDATE ... JOIN``, ``AUTO_INCREMENT`` positions,
-composite indexes where the others have partial ones, and the driver's error
-numbers."""
+composite indexes where the others have partial ones, the driver's error
+numbers, and no snapshot functions: stream delivery reads events numbered in
+commit order by the relays."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     clock_sql = "SELECT UTC_TIMESTAMP(6)"
     insert_ignore = ("INSERT IGNORE INTO", "")
+    stream = "numbered"
 
     # --- the schema ----------------------------------------------------------------
 
@@ -89,3 +91,108 @@ class MySQLDialect(Dialect):
         them back with their events (:meth:`read_claimed`)."""
         candidates = self.claim_ids(names, ordered, types if ordered else None)
         return candidates, self.mark, self.read_claimed
+
+    # -- stream delivery: the relays number committed events (a sequencer),
+    # -- and a tick is the last number given
+
+    @functools.cached_property
+    def sequencer_lock(self) -> str:
+        """Lock the sequencer's row unless another relay holds it (``SKIP
+        LOCKED``: it is numbering now). Returns ``last`` (no row: held, or
+        not created yet). No parameters."""
+        return f"SELECT last FROM {self.q} WHERE id = 1 FOR UPDATE SKIP LOCKED"
+
+    @functools.cached_property
+    def sequencer_last(self) -> str:
+        """The last number given, as committed (no row: none yet). No
+        parameters."""
+        return f"SELECT last FROM {self.q} WHERE id = 1"
+
+    @functools.cached_property
+    def sequencer_create(self) -> str:
+        """Create the sequencer's row (left alone when it exists), at the
+        highest number an event or a cursor holds: a row created again after
+        it was deleted gives no number twice. No parameters."""
+        ticks = ", ".join(
+            f"CAST(COALESCE({column}, '0') AS SIGNED)"
+            for column in ("tick", "next_tick", "stop_tick")
+        )
+        return (
+            f"INSERT IGNORE INTO {self.q} (id, last) SELECT 1, GREATEST("
+            f"(SELECT COALESCE(MAX(sequence), 0) FROM {self.e}), "
+            f"(SELECT COALESCE(MAX(GREATEST({ticks})), 0) FROM {self.c}))"
+        )
+
+    @functools.cached_property
+    def unnumbered(self) -> str:
+        """Lock the committed events written for stream delivery that have
+        no number yet, in position order (``SKIP LOCKED``: an event whose
+        transaction is still open is skipped, and numbered once it
+        committed). Parameters: the limit. Returns their positions."""
+        return (
+            f"SELECT position FROM {self.e} WHERE sequence IS NULL "
+            "AND fanned_out IS NULL ORDER BY position LIMIT %s "
+            "FOR UPDATE SKIP LOCKED"
+        )
+
+    @functools.cache  # noqa: B019
+    def number(self, count: int) -> str:
+        """Give ``count`` locked events their numbers. Parameters: ``count``
+        pairs of position and number, then the positions."""
+        cases = " ".join(["WHEN %s THEN %s"] * count)
+        return (
+            f"UPDATE {self.e} SET sequence = CASE position {cases} END "
+            f"WHERE {self.in_list('position', count)}"
+        )
+
+    @functools.cached_property
+    def sequenced(self) -> str:
+        """Record the last number given. Parameters: it."""
+        return f"UPDATE {self.q} SET last = %s WHERE id = 1"
+
+    def current_tick(self, cursor) -> str:
+        """The last number given, as committed: every event numbered up to it
+        has committed (the numbers commit in order, with the sequencer's
+        row)."""
+        cursor.execute(self.sequencer_last)
+        row = cursor.fetchone()
+        return str(row[0] if row else 0)
+
+    def _in_tick(self, walk: bool) -> str:
+        return "e.sequence > %s AND e.sequence <= %s"
+
+    def tick_params(self, prev: str, cur: str, walk: bool) -> list:
+        return [int(prev), int(cur)]
+
+    def partition_hash(self, alias: str) -> str:
+        """``CRC32`` of ``<aggregate type>:<aggregate id>`` (the event id, as
+        text, without an aggregate): unsigned, 32 bits. (MariaDB 10.7+ keeps
+        the id as its ``UUID`` type: uncast, ``COALESCE`` would turn the
+        text into one.)"""
+        return (
+            f"CRC32(COALESCE(CONCAT({alias}.aggregate_type, ':', "
+            f"{alias}.aggregate_id), CAST({alias}.id AS CHAR)))"
+        )
+
+    #: A tick before every number: a cursor starting there reads every
+    #: event kept.
+    EMPTY_TICK = "0"
+
+    def _after_origin(self, e: str) -> str:
+        return f"({e}.sequence IS NULL OR {e}.sequence > {_number('c.first_tick')})"
+
+    def cursor_passed(self, e: str = "e") -> str:
+        """Never an event without a number yet."""
+        return (
+            f"({e}.sequence IS NOT NULL AND ({e}.sequence <= {_number('c.tick')} "
+            f"OR (c.next_tick IS NOT NULL AND {e}.sequence <= "
+            f"{_number('c.next_tick')} AND {e}.position <= c.position)))"
+        )
+
+    def unread_hint(self, e: str = "e") -> str:
+        return f"({e}.sequence IS NULL OR {e}.sequence > {_number('c.tick')})"
+
+
+def _number(column: str) -> str:
+    """A cursor's tick (text) as the number it is."""
+    return f"CAST({column} AS SIGNED)"

@@ -8,7 +8,7 @@ import functools
 import types
 from typing import Any
 
-from django.db import connections, models
+from django.db import models
 
 from ...conf import outbox_settings
 from ..lifecycle import State
@@ -259,15 +259,6 @@ class PostgreSQLDialect(Dialect):
     #: A tick in which no transaction is visible: a cursor starting there
     #: reads every event kept.
     EMPTY_TICK = "1:1:"
-
-    def first_reading(self, using: str, earliest: bool) -> tuple[str | None, int]:
-        if earliest:
-            return self.EMPTY_TICK, 0
-        # Inside a transaction that has written (one publishing, as it records
-        # the subscribers it knows of), that transaction's own events are
-        # the cursor's too: its id counts as running.
-        with connections[using].cursor() as cursor:
-            return self.current_tick(cursor), 0
 
     def _after_origin(self, e: str) -> str:
         return f"NOT pg_visible_in_snapshot({e}.txid, c.first_tick::pg_snapshot)"
