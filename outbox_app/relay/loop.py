@@ -543,9 +543,9 @@ class _Turns:
                     subscriber, hold, self.cursors, self.batch_size, self.now, types
                 )
                 taken += self.deliver_stream(subscriber, batch)
-                # More in the tick, or (MySQL/MariaDB) events committed
-                # after it wait to be numbered: a next tick.
-                more = batch.more or self.cursors.stream.behind
+                # More in the tick, or (MySQL/MariaDB) after it, numbered
+                # or waiting to be: a next tick.
+                more = batch.more or self.cursors.stream.numbered_after(batch.tick)
                 if more and subscriber not in busy:
                     busy.append(subscriber)
         return taken

@@ -516,8 +516,11 @@ class Stream:
 
     def __init__(self, using: str = "default"):
         self.using = using
-        #: The last numbering took as many events as it may: more wait to be
-        #: numbered, at the next tick (:meth:`number`).
+        #: Where the relays number events (MySQL/MariaDB): the highest number
+        #: this relay's numbering has seen given, and whether its last
+        #: numbering took as many events as it may (more wait to be
+        #: numbered, at the next tick): :meth:`number`.
+        self.given = 0
         self.behind = False
 
     @property
@@ -652,7 +655,8 @@ class Stream:
             and d.stream == "numbered"
             and not connections[self.using].in_atomic_block
         ):
-            self.number()
+            while self.number() is not None and self.behind:
+                pass  # a backlog: numbered to its end
         return d.first_reading(self.using, earliest)
 
     def number(self, limit: int = NUMBER_LIMIT) -> int | None:
@@ -661,7 +665,7 @@ class Stream:
         number given, in one transaction holding the sequencer's row
         (MySQL/MariaDB: :class:`~outbox_app.store.models.Sequencer`). Returns
         the last number given, or None when another relay holds the row (it
-        is numbering now). Sets :attr:`behind`."""
+        is numbering now). Sets :attr:`given` and :attr:`behind`."""
         d = self.dialect
         self.behind = False
         with transaction.atomic(using=self.using), self._cursor() as cursor:
@@ -680,13 +684,23 @@ class Stream:
             cursor.execute(d.unnumbered, [limit])
             positions = [found[0] for found in cursor.fetchall()]
             self.behind = len(positions) == limit
-            if not positions:
-                return last
-            pairs = [v for n, p in enumerate(positions, last + 1) for v in (p, n)]
-            cursor.execute(d.number(len(positions)), [*pairs, *positions])
-            last += len(positions)
-            cursor.execute(d.sequenced, [last])
+            if positions:
+                pairs = [v for n, p in enumerate(positions, last + 1) for v in (p, n)]
+                cursor.execute(d.number(len(positions)), [*pairs, *positions])
+                last += len(positions)
+                cursor.execute(d.sequenced, [last])
+            self.given = max(self.given, last)
             return last
+
+    def numbered_after(self, tick: str | None) -> bool:
+        """Whether a next tick would read events after ``tick`` (one read to
+        its end) at once, where the relays number events (MySQL/MariaDB):
+        this relay's numbering gave numbers beyond it (another cursor's
+        tick took them), or left events waiting to be numbered. False
+        elsewhere."""
+        if self.dialect.stream != "numbered" or tick is None:
+            return False
+        return self.behind or int(tick) < self.given
 
     def move(
         self,

@@ -685,6 +685,65 @@ def test_a_subscriber_nobody_recorded_receives_what_its_process_publishes():
         unregister("unrecorded")
 
 
+def test_a_backlog_larger_than_a_tick_is_delivered_in_one_pass(registered):
+    """Events committed while no relay ran, more than one tick takes where
+    the relays number events (MySQL/MariaDB: up to 1,000 a tick): one
+    ``relay_once`` delivers them all, each once, in order; a subscriber
+    that first appears then receives none of them."""
+    seen, late = [], []
+
+    @registered(Step, name="backlog")
+    def backlog(event, context):
+        seen.append(event.position)
+
+    for start in range(0, 2500, 500):
+        with transaction.atomic():
+            publish(*[Step(position=start + i) for i in range(500)])
+    get("backlog")  # recorded before the events; the next one is not
+    from outbox_app import handler
+    from outbox_app.relay.registry import unregister
+
+    handler(Step, name="late")(lambda event, context: late.append(event))
+    try:
+        relay_once()
+        with transaction.atomic():
+            publish(Step(position=2500))
+        relay_once()
+    finally:
+        unregister("late")
+    assert seen == list(range(2501))
+    assert [e.position for e in late] == [2500]
+
+
+@pytest.mark.only_database("mysql")
+def test_events_numbered_again_after_the_sequencer_s_row_was_deleted(registered):
+    """The row that records the last number given is deleted (an operator's
+    cleanup, a truncated table): the next relay creates it again at the
+    highest number an event or a cursor holds, so no number is given twice
+    and no event is skipped or delivered twice."""
+    from outbox_app.models import Sequencer
+
+    seen = []
+
+    @registered(Step, name="numbered")
+    def numbered(event, context):
+        seen.append(event.position)
+
+    with transaction.atomic():
+        publish(*[Step(position=i) for i in range(3)])
+    relay_once()
+    Sequencer.objects.all().delete()
+    with transaction.atomic():
+        publish(*[Step(position=i) for i in range(3, 6)])
+    relay_once()
+    Sequencer.objects.all().delete()
+    OutboxEvent.objects.filter(event_type="Step").delete()  # purged, say
+    with transaction.atomic():
+        publish(Step(position=6))
+    relay_once()
+    assert seen == list(range(7))
+
+
 def test_a_relay_that_stops_hands_its_cursors_back(handlers):
     """``manage.py relay --once`` done (or a relay's SIGTERM): no cursor is
     left under its lease, so the next relay reads on at once."""
