@@ -685,9 +685,10 @@ class Stream:
             positions = [found[0] for found in cursor.fetchall()]
             self.behind = len(positions) == limit
             if positions:
-                pairs = [v for n, p in enumerate(positions, last + 1) for v in (p, n)]
-                cursor.execute(d.number(len(positions)), [*pairs, *positions])
-                last += len(positions)
+                # Numbered after the last given, as their positions go.
+                offset = last + 1 - positions[0]
+                cursor.execute(d.number(len(positions)), [offset, *positions])
+                last = positions[-1] + offset
                 cursor.execute(d.sequenced, [last])
             self.given = max(self.given, last)
             return last

@@ -150,10 +150,13 @@ class OutboxEvent(models.Model):
     sequence = models.BigIntegerField(
         null=True,
         editable=False,
+        # A Value, not the bare 0: Django's SQLite schema editor then adds
+        # the column in place instead of rebuilding the table.
+        db_default=models.Value(0),
         help_text=_(
             "MySQL/MariaDB, stream delivery: the event's number in commit "
             "order, given by a relay once the event committed (the one write "
-            "after its INSERT); a tick is the last number given. Empty until "
+            "after its INSERT); a tick is the last number given. 0 until "
             "then, and on other databases."
         ),
     )
@@ -216,13 +219,13 @@ class OutboxEvent(models.Model):
                 fallback_prefix=None,
             ),
             # Stream delivery on MySQL/MariaDB: a tick's events by their
-            # number, and the events a relay numbers next (no number, written
-            # for stream delivery) in position order. Filled nowhere else,
+            # number, and the events a relay numbers next (0, written for
+            # stream delivery) in position order. Numbered nowhere else,
             # where the partial index holds nothing.
             FilteredIndex(
                 fields=["sequence", "fanned_out", "position"],
                 name="outbox_event_sequence",
-                when=Q(sequence__isnull=False),
+                when=Q(sequence__gt=0),
                 fallback_prefix=[],
             ),
         ]

@@ -130,18 +130,21 @@ class MySQLDialect(Dialect):
         transaction is still open is skipped, and numbered once it
         committed). Parameters: the limit. Returns their positions."""
         return (
-            f"SELECT position FROM {self.e} WHERE sequence IS NULL "
+            f"SELECT position FROM {self.e} WHERE sequence = 0 "
             "AND fanned_out IS NULL ORDER BY position LIMIT %s "
             "FOR UPDATE SKIP LOCKED"
         )
 
     @functools.cache  # noqa: B019
     def number(self, count: int) -> str:
-        """Give ``count`` locked events their numbers. Parameters: ``count``
-        pairs of position and number, then the positions."""
-        cases = " ".join(["WHEN %s THEN %s"] * count)
+        """Give ``count`` locked events (by position) their numbers: the
+        position plus an offset, so they follow one another as the positions
+        do (the numbers may leave gaps: a tick reads a range of them). An
+        arithmetic update of a fixed-size column: a number per event picked
+        by ``CASE`` cost half again as much. Parameters: the offset, then
+        the positions."""
         return (
-            f"UPDATE {self.e} SET sequence = CASE position {cases} END "
+            f"UPDATE {self.e} SET sequence = position + %s "
             f"WHERE {self.in_list('position', count)}"
         )
 
@@ -179,18 +182,18 @@ class MySQLDialect(Dialect):
     EMPTY_TICK = "0"
 
     def _after_origin(self, e: str) -> str:
-        return f"({e}.sequence IS NULL OR {e}.sequence > {_number('c.first_tick')})"
+        return f"({e}.sequence = 0 OR {e}.sequence > {_number('c.first_tick')})"
 
     def cursor_passed(self, e: str = "e") -> str:
         """Never an event without a number yet."""
         return (
-            f"({e}.sequence IS NOT NULL AND ({e}.sequence <= {_number('c.tick')} "
+            f"({e}.sequence > 0 AND ({e}.sequence <= {_number('c.tick')} "
             f"OR (c.next_tick IS NOT NULL AND {e}.sequence <= "
             f"{_number('c.next_tick')} AND {e}.position <= c.position)))"
         )
 
     def unread_hint(self, e: str = "e") -> str:
-        return f"({e}.sequence IS NULL OR {e}.sequence > {_number('c.tick')})"
+        return f"({e}.sequence = 0 OR {e}.sequence > {_number('c.tick')})"
 
 
 def _number(column: str) -> str:
