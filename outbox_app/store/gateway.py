@@ -39,8 +39,9 @@ from __future__ import annotations
 import datetime
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -200,7 +201,10 @@ class Gateway:
             flipped = sum(1 for row in found if row[1])
             if not claiming:
                 return FannedOut(ids, flipped, [])
-            contexts = [_context(d, row[2:]) for row in found if row[2] is not None]
+            when = d.datetime_reader()
+            contexts = [
+                _context(d, when, row[2:]) for row in found if row[2] is not None
+            ]
             contexts.sort(key=lambda c: c.delivery_id)
             return FannedOut(ids, flipped, contexts)
         find, lock, insert, flip, read = text
@@ -221,8 +225,11 @@ class Gateway:
             if claiming:
                 cursor.execute(read(len(ids)), [*ids, lease.name, token])
                 found = cursor.fetchall()
+        when = d.datetime_reader()
         return FannedOut(
-            [d.uuid_value(i) for i in ids], flipped, [_context(d, row) for row in found]
+            [d.uuid_value(i) for i in ids],
+            flipped,
+            [_context(d, when, row) for row in found],
         )
 
     # --- claims -----------------------------------------------------------------
@@ -292,7 +299,8 @@ class Gateway:
                 cursor.execute(mark(len(ids)), [*update, *ids])
                 cursor.execute(read(len(ids)), ids)
                 rows = cursor.fetchall()
-        return token, [_context(d, row) for row in rows]
+        when = d.datetime_reader()
+        return token, [_context(d, when, row) for row in rows]
 
     # --- outcomes (compare-and-set on the lease token) -------------------------------
 
@@ -619,10 +627,11 @@ class Stream:
         events: list[Streamed] = []
         candidates = 0
         width = len(EVENT_COLUMNS)
+        when = d.datetime_reader()
         for row in rows:
             flag = bool(row[-2]) if held is not None else False
             context = _context(
-                d, (None, 1, subscriber, *row[1 : 1 + width]), position=row[0]
+                d, when, (None, 1, subscriber, *row[1 : 1 + width]), position=row[0]
             )
             events.append(Streamed(context, flag))
             candidates = row[-1]
@@ -842,7 +851,14 @@ class Stream:
             return ids
 
 
-def _context(d: Dialect, row: tuple, position: int | None = None) -> DeliveryContext:
+def _context(
+    d: Dialect,
+    when: Callable[[Any], datetime.datetime | None],
+    row: tuple,
+    position: int | None = None,
+) -> DeliveryContext:
+    """A row read as a delivery's context; ``when``: the read's
+    :meth:`~outbox_app.store.sql.base.Dialect.datetime_reader`."""
     (
         delivery_id,
         attempts,
@@ -876,12 +892,12 @@ def _context(d: Dialect, row: tuple, position: int | None = None) -> DeliveryCon
         headers=d.json_value(headers),
         tenant_id=tenant_id,
         action_id=d.uuid_value(action_id),
-        occurred_at=d.datetime_value(occurred_at),
+        occurred_at=when(occurred_at),
         attempt=attempts,
         subscriber=subscriber,
         delivery_id=delivery_id,
-        deliver_at=d.datetime_value(deliver_at),
-        expires_at=d.datetime_value(expires_at),
+        deliver_at=when(deliver_at),
+        expires_at=when(expires_at),
         operation=operation,
         payload_bytes=payload_bytes,
         using=d.alias,

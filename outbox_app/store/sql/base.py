@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -196,13 +196,23 @@ class Dialect:
     def datetime_value(self, value: Any) -> datetime.datetime | None:
         """A datetime read back: aware in the connection's time zone, as
         ``DateTimeField`` reads it (SQLite returns expressions as text)."""
-        if isinstance(value, str):
-            value = parse_datetime(value)
-        # The driver's aware values (PostgreSQL) are taken as they are,
-        # without reading the settings (a lazy object: slow, and per row).
-        if value is not None and value.tzinfo is None and settings.USE_TZ:
-            value = timezone.make_aware(value, connections[self.alias].timezone)
-        return value
+        return self.datetime_reader()(value)
+
+    def datetime_reader(self) -> Callable[[Any], datetime.datetime | None]:
+        """:meth:`datetime_value` with ``USE_TZ`` and the connection's time
+        zone read once, for the rows of one read: per value they cost more
+        than the conversion (a lazy setting, a thread's connection)."""
+        zone = connections[self.alias].timezone if settings.USE_TZ else None
+
+        def read(value: Any) -> datetime.datetime | None:
+            if isinstance(value, str):
+                value = parse_datetime(value)
+            # The driver's aware values (PostgreSQL) are taken as they are.
+            if value is not None and value.tzinfo is None and zone is not None:
+                value = timezone.make_aware(value, zone)
+            return value
+
+        return read
 
     def cursor(self, connection):
         """A cursor of ``connection`` (Django's wrapper) for the relay's
