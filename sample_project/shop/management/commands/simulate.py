@@ -197,15 +197,18 @@ class _ErrorsBesideTheBar(logging.Handler):
 
 def _outstanding() -> int:
     """Events not fanned out or still to be read by a cursor + deliveries not
-    finished + broker deliveries not consumed yet."""
-    done = streams.delivered()
-    broker = sum(len(done.get(name, ())) for name in _broker_names())
-    return (
+    finished + broker deliveries not consumed yet, counted in the order
+    events move (what waits, then what was delivered, then what was
+    consumed): counted the other way round, an event delivered between two
+    counts is in neither, and the wait ends early."""
+    waiting = (
         OutboxEvent.objects.awaiting_fanout().count()
         + streams.awaited()
         + Delivery.objects.filter(state__in=UNFINISHED).count()
-        + max(broker - ConsumedMessage.objects.count(), 0)
     )
+    done = streams.delivered()
+    broker = sum(len(done.get(name, ())) for name in _broker_names())
+    return waiting + max(broker - ConsumedMessage.objects.count(), 0)
 
 
 def _broker_names() -> tuple[str, ...]:
