@@ -135,8 +135,8 @@ def restart(subscribers: Iterable[str], using: str = "default") -> int:
     deliveries for it). A relay holding one loses its lease and takes it
     again. Returns cursors moved."""
     moved = 0
+    tick, position = Stream(using).first_reading(False)
     for name in subscribers:
-        tick, position = Stream(using).first_reading(False)
         moved += (
             Cursor.objects.using(using)
             .filter(subscriber=name)
