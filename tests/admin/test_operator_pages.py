@@ -224,7 +224,10 @@ def test_an_events_page_shows_no_next_try_for_finished_deliveries(admin_client):
         re.sub(r"<[^>]+>", "", c).strip()
         for c in re.findall(r'<td class="field-next_retry">(.*?)</td>', text, re.S)
     ]
-    assert cells == ["-", "in 59 min 59 s"] or cells == ["-", "in 1 h 0 min"]
+    # The failed delivery is due an hour after it was written; the page is
+    # rendered some seconds later on a loaded machine.
+    assert cells[0] == "-"
+    assert re.fullmatch(r"in (59 min \d{1,2} s|1 h 0 min)", cells[1]), cells
 
 
 # --- the inbox message's page ------------------------------------------------------
