@@ -56,7 +56,8 @@ def _know_subscribers(sender: Any, using: str, **kwargs: Any) -> None:
     since the last ``migrate``, one a test configures), inside the
     publishing transaction, so each receives the events written from now
     on, this one included. One query per database and per change of the
-    subscribers (``relay.registry.version``); none with delivery rows. A
+    subscribers (``relay.registry.version``), two where a subscriber had
+    none; none with delivery rows. A
     configuration that cannot be read (a malformed publisher) records
     nothing here: ``manage.py check`` and the relay say why."""
     from .relay import registry
@@ -85,6 +86,9 @@ def _know_subscribers(sender: Any, using: str, **kwargs: Any) -> None:
         if missing:
             with transaction.atomic(using=using):  # a savepoint
                 cursors.ensure(missing)
+            # Known once a write finds them all: another open transaction
+            # may be creating some (CursorQuerySet.ensure does not wait).
+            return
     transaction.on_commit(lambda: _known.add(key), using=using)
 
 

@@ -1,6 +1,7 @@
 """Database work beyond the ORM's, the same on every database: inserts that
-skip duplicates, locks that wait, the migrations' helpers, a step run again
-when it was a deadlock victim, and whether a transaction can still commit.
+skip duplicates, locks that wait, a step that must not wait for another
+transaction's locks, the migrations' helpers, a step run again when it was a
+deadlock victim, and whether a transaction can still commit.
 What differs per database is asked of :func:`~outbox_app.store.sql.dialect`.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.core.exceptions import EmptyResultSet
-from django.db import DatabaseError, connections, models
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
@@ -74,6 +75,39 @@ def lock_waiting(queryset: QuerySet) -> QuerySet:
     if not connections[queryset.db].features.has_select_for_update:
         return queryset
     return queryset.select_for_update()
+
+
+def unless_waiting(alias: str, step: Callable[[], T]) -> T | None:
+    """Run ``step()`` (statements of its own on database ``alias``) in a
+    savepoint that gives up where a statement would wait for a lock another
+    open transaction holds (the dialect's ``lock_wait``): then the savepoint
+    is rolled back and None returned, else ``step()``'s value. An insert
+    whose unique key another open transaction has just written waits for
+    that transaction to end, however long it stays open: bookkeeping that
+    transaction already does is left to it. The lock wait is the
+    connection's own again afterwards. Where writers never wait on each
+    other's rows (SQLite, one writer at a time) ``step()`` simply runs.
+
+    Raises:
+        DatabaseError: any error of ``step()`` but giving up on the wait.
+    """
+    d = dialect(alias)
+    if d.lock_wait is None:
+        return step()
+    read, set_to = d.lock_wait
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(read)
+        (before,) = cursor.fetchone()
+        cursor.execute(set_to, [d.no_lock_wait])
+        try:
+            with transaction.atomic(using=alias):
+                return step()
+        except DatabaseError as exc:
+            if not d.gave_up_waiting(exc):
+                raise
+            return None
+        finally:
+            cursor.execute(set_to, [before])
 
 
 def insert_select(model: type[models.Model], columns: dict[str, Any], source) -> int:

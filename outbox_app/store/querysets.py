@@ -19,7 +19,7 @@ from ..events.ids import worker_name
 from ..events.text import storable
 from ..exceptions import SubscriptionInUse, UnknownTransition
 from .clock import database_now
-from .db import insert_select, reissued_on_deadlock
+from .db import insert_select, reissued_on_deadlock, unless_waiting
 from .lifecycle import (
     ABANDONABLE,
     CLAIMABLE,
@@ -632,7 +632,12 @@ class CursorQuerySet(QuerySet):
         A subscriber renamed
         (its ``aliases``) takes over its former name's cursors instead, so
         it goes on where that one stopped. A subscriber with cursors keeps
-        them, whatever their count.
+        them, whatever their count. One whose cursors another open
+        transaction is creating (a publishing one, :mod:`outbox_app.apps`)
+        is left to it, without waiting for it to end: the events committed
+        meanwhile come after that transaction's first reading, so its
+        cursors receive them (should it roll back, the next call creates
+        them, starting then).
 
         Returns:
             Cursors created or taken over.
@@ -673,7 +678,14 @@ class CursorQuerySet(QuerySet):
                 for partition in range(count)
             ]
             before = mine.count()
-            self.bulk_create(rows, ignore_conflicts=True)
+            if (
+                unless_waiting(
+                    self.db,
+                    lambda rows=rows: self.bulk_create(rows, ignore_conflicts=True),
+                )
+                is None
+            ):
+                continue  # another open transaction is creating them
             created += mine.count() - before
         return created
 

@@ -685,6 +685,52 @@ def test_a_subscriber_nobody_recorded_receives_what_its_process_publishes():
         unregister("unrecorded")
 
 
+@pytest.mark.only_database("postgresql", "mysql")  # SQLite: one writer at a time
+def test_a_long_transaction_giving_a_subscriber_its_cursors_holds_up_nobody():
+    """The first write of a process after a subscriber appears gives it its
+    cursors; when that write is a long transaction, other writers and the
+    relay go on without waiting for it to end, and once it commits the
+    subscriber receives its event and every one committed meanwhile."""
+    from outbox_app import handler
+    from outbox_app.relay.registry import unregister
+
+    seen = []
+    handler(Step, name="unrecorded")(
+        lambda event, context: seen.append(context.event_id)
+    )
+    opened, done = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                publish(Step(position=0), aggregate=("shop.Cart", "long"))
+                opened.set()
+                # Ended by the test once the others went on, or after 20 s
+                # should they wait for it.
+                waited.append(not done.wait(20))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=long_transaction)
+    thread.start()
+    try:
+        assert opened.wait(10)
+        others = steps(3)
+        relay_once()
+        assert seen == []  # its cursors are the long transaction's to give
+    finally:
+        done.set()
+        thread.join(30)
+        try:
+            relay_once()
+        finally:
+            unregister("unrecorded")
+    assert waited == [False], "a writer or the relay waited for the transaction"
+    [long] = OutboxEvent.objects.filter(aggregate_id="long")
+    assert sorted(seen, key=str) == sorted([long.id, *(e.id for e in others)], key=str)
+
+
 def test_a_backlog_larger_than_a_tick_is_delivered_in_one_pass(registered):
     """Events committed while no relay ran, more than one tick takes where
     the relays number events (MySQL/MariaDB: up to 1,000 a tick): one

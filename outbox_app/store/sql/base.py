@@ -294,6 +294,21 @@ class Dialect:
             if isinstance(c, models.UniqueConstraint) and c.fields
         }
 
+    #: Statements that read the connection's wait for a lock another
+    #: transaction holds (one value) and set it (one parameter: the value
+    #: read, or :attr:`no_lock_wait`), which
+    #: :func:`~outbox_app.store.db.unless_waiting` sets back; None where
+    #: writers never wait on each other's rows.
+    lock_wait: tuple[str, str] | None = None
+    #: The shortest wait :attr:`lock_wait` sets.
+    no_lock_wait: Any = None
+
+    def gave_up_waiting(self, error: Exception) -> bool:
+        """Whether ``error`` (a ``DatabaseError``) is a statement giving up
+        its wait for a lock after :attr:`no_lock_wait` (only the statement
+        is undone)."""
+        return False
+
     def deadlocked(self, error: Exception) -> bool:
         """Whether the database broke a deadlock by rolling back the
         transaction that raised ``error`` (a ``DatabaseError``). Such a victim

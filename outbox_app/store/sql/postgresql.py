@@ -120,9 +120,19 @@ class PostgreSQLDialect(Dialect):
 
     def deadlocked(self, error: Exception) -> bool:
         """SQLSTATE ``40P01`` (psycopg's ``sqlstate``, psycopg2's ``pgcode``)."""
-        cause = error.__cause__ or error
-        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-        return code == "40P01"
+        return _sqlstate(error) == "40P01"
+
+    # ``lock_timeout`` set with ``set_config(..., is_local => true)``: the
+    # transaction's alone (PostgreSQL's manual, *Client Connection Defaults*).
+    lock_wait = (
+        "SELECT current_setting('lock_timeout')",
+        "SELECT set_config('lock_timeout', %s, true)",
+    )
+    no_lock_wait = "1ms"
+
+    def gave_up_waiting(self, error: Exception) -> bool:
+        """SQLSTATE ``55P03`` (``lock_not_available``): ``lock_timeout``."""
+        return _sqlstate(error) == "55P03"
 
     def transaction_aborted(self, connection) -> bool:
         """PostgreSQL aborts a transaction at its first error: its COMMIT then
@@ -289,3 +299,10 @@ def _snapshot(text: str) -> tuple[int, int, list[int]]:
 def _array(ids: list[int]) -> str:
     """Transaction ids as an array literal (``{1,2}``), cast to ``xid8[]``."""
     return "{" + ",".join(map(str, ids)) + "}"
+
+
+def _sqlstate(error: Exception) -> str | None:
+    """The SQLSTATE of a ``DatabaseError`` (psycopg's ``sqlstate``,
+    psycopg2's ``pgcode``)."""
+    cause = error.__cause__ or error
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
