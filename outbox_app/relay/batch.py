@@ -201,11 +201,18 @@ class Batch:
 
     def release(self) -> RelayReport:
         """Hand every row back unattempted (a batch claimed ahead that is not
-        needed: shutting down, time is up)."""
+        needed: shutting down, time is up), due as of the claim, as they
+        were: the batch's clock runs on the process's monotonic clock, which
+        a host's wall clock (SQLite's) may trail by milliseconds, and a row
+        due that far ahead would not be claimed by a relay that looks at
+        once."""
         if not self.contexts:
             return RelayReport()
         released = self.gateway.release(
-            self.token, [c.delivery_id for c in self.contexts], self.clock()
+            self.token,
+            [c.delivery_id for c in self.contexts],
+            self.clock(),
+            due=self.now,
         )
         return RelayReport(
             claimed=len(self.contexts), released=released, fanned_out=self.fanned_out
