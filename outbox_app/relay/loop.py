@@ -423,6 +423,8 @@ class _Turns:
     def run(self) -> RelayReport:
         active = self.chosen
         while active:
+            if self.cursors is not None:
+                self.cursors.stream.turn()
             busy: list[Subscriber] = []
             for position, subscriber in enumerate(active):
                 if self.stop.is_set():

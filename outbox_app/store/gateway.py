@@ -530,6 +530,9 @@ class Stream:
         #: numbered, at the next tick): :meth:`number`.
         self.given = 0
         self.behind = False
+        #: Whether this relay numbered events in its loop's current turn
+        #: (:meth:`tick`, :meth:`turn`).
+        self.numbered = False
 
     @property
     def dialect(self) -> Dialect:
@@ -641,13 +644,28 @@ class Stream:
     def tick(self, cursor) -> str:
         """A tick taken now through ``cursor`` (a DB-API cursor). Where the
         relays number events (MySQL/MariaDB), the committed events not
-        numbered yet are numbered first (:meth:`number`)."""
+        numbered yet are numbered first (:meth:`number`), once a turn of the
+        relay's loop (:meth:`turn`): the other cursors read in the turn
+        take the last number given (one statement, not a numbering's
+        transaction per cursor)."""
         d = self.dialect
         if d.stream == "numbered":
+            if self.numbered:
+                # Below what this relay saw given: the sequencer's row was
+                # deleted meanwhile; numbering creates it again, above.
+                current = d.current_tick(cursor)
+                if int(current) >= self.given:
+                    return current
             last = self.number()
             if last is not None:
+                self.numbered = True
                 return str(last)
         return d.current_tick(cursor)
+
+    def turn(self) -> None:
+        """A new turn of the relay's loop begins: the next tick numbers the
+        events committed since (:meth:`tick`)."""
+        self.numbered = False
 
     def first_reading(self, earliest: bool) -> tuple[str | None, int]:
         """Where a new cursor starts: ``(tick, position)`` of the events
