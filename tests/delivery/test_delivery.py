@@ -117,9 +117,10 @@ def test_failing_handler__failed_retried_expired_requeued(registered, settings):
     assert row.last_error_type == "builtins.ValueError"
     assert "Traceback" in row.last_traceback and "bad thing #1" in row.last_traceback
     assert row.first_failed_at is not None and row.lease_token is None
-    # Backoff: not due now, due after the ceiling (1 s for attempt 1).
+    # Backoff: not due when it failed (nor 0.3 s later, however long a loaded
+    # machine takes to get here), due after the ceiling (1 s for attempt 1).
     assert row.next_retry_at <= timezone.now() + datetime.timedelta(seconds=1)
-    assert deliver().claimed == 0
+    assert deliver(now=row.first_failed_at).claimed == 0
     assert deliver(now=later(1.01)).failed == 1
     assert deliver(now=later(2.01 + 1)).dead == 1
     row.refresh_from_db()
